@@ -1,0 +1,1 @@
+"""The Shardlab web service (FastAPI). Never imports torch; never runs jobs itself."""

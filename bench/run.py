@@ -1,0 +1,54 @@
+"""Run every benchmark and rewrite docs/performance.md with the figures and the machine."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+from bench import bench_graph_build
+from bench.common import Section
+
+BENCHMARKS = [bench_graph_build]
+OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
+        f"numpy {np.__version__}; {platform.system()} {platform.release()}"
+    )
+
+
+def main() -> None:
+    sections: list[Section] = []
+    for module in BENCHMARKS:
+        print(f"running {module.__name__} ...", flush=True)
+        sections.append(module.run())
+    today = datetime.date.today().isoformat()
+    text = [
+        "# Performance",
+        "",
+        f"Written by `make bench` on {today}. Machine: {machine()}.",
+        "Times are wall clock; ratios compare figures measured in the same run.",
+        "",
+    ]
+    text += [s.markdown() for s in sections]
+    OUTPUT.parent.mkdir(exist_ok=True)
+    OUTPUT.write_text("\n".join(text))
+    print(f"wrote {OUTPUT}")
+
+
+if __name__ == "__main__":
+    main()

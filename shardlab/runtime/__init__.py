@@ -1,0 +1,2 @@
+"""Executing graphs and programs: the one-device reference (numpy) and, later, the
+simulated mesh and real ranks."""

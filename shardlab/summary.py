@@ -1,0 +1,45 @@
+"""A model's headline figures: parameters, FLOPs, layers, ops by kind."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from shardlab.ir import Graph, ValueKind
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+def count_layers(graph: Graph) -> int:
+    """Number of distinct `layers.N` module scopes (0 for a model without them)."""
+    found = {m.group(1) for op in graph.ops if (m := _LAYER.search(op.scope))}
+    return len(found)
+
+
+def model_summary(graph: Graph) -> dict[str, Any]:
+    """The figures `shardlab show` and the API report for a graph."""
+    return {
+        "name": graph.name,
+        "params": graph.num_params(),
+        "param_bytes": sum(
+            v.type.nbytes
+            for v in graph.values_of_kind(ValueKind.PARAM)
+            if not graph.producer(v.name)
+        ),
+        "flops_forward": graph.flops(),
+        "layers": count_layers(graph),
+        "ops": len(graph.ops),
+        "values": len(graph.values),
+        "ops_by_kind": graph.ops_by_kind(),
+        "inputs": {v.name: str(v.type) for v in graph.values_of_kind(ValueKind.INPUT)},
+        "outputs": list(graph.outputs),
+        "config": graph.meta.get("config", {}),
+    }
+
+
+def human(n: float, unit: str = "") -> str:
+    """1234567 -> '1.23M' (SI prefixes up to peta)."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{'B' if prefix == 'G' and not unit else prefix}{unit}"
+    return f"{n:g}{unit}"
