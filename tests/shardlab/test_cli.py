@@ -42,14 +42,22 @@ def test_show_with_overrides_in_text_form() -> None:
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_export_validate_load_gives_an_identical_graph(name: str, tmp_path: Path) -> None:
     out = tmp_path / f"{name}.json"
-    sets = [] if name == "mlp_demo" else ["--set", "layers=3"]
-    assert runner.invoke(app, ["export", name, "-o", str(out), *sets]).exit_code == 0
+    assert runner.invoke(app, ["export", name, "-o", str(out)]).exit_code == 0
     result = runner.invoke(app, ["validate", str(out)])
     assert result.exit_code == 0 and result.output.startswith("ok:")
-    overrides = {} if name == "mlp_demo" else {"layers": 3}
-    assert load_graph_file(out) == build_model(name, overrides)
+    assert load_graph_file(out) == build_model(name)
     shown = json.loads(runner.invoke(app, ["show", str(out), "--json"]).output)
-    assert shown["params"] == build_model(name, overrides).num_params()
+    assert shown["params"] == build_model(name).num_params()
+
+
+def test_export_applies_overrides(tmp_path: Path) -> None:
+    out = tmp_path / "small.json"
+    assert (
+        runner.invoke(app, ["export", "gpt2", "-o", str(out), "--set", "layers=3"]).exit_code == 0
+    )
+    assert load_graph_file(out) == build_model("gpt2", {"layers": 3})
+    result = runner.invoke(app, ["show", str(out), "--set", "layers=2"])
+    assert result.exit_code == 1 and "--set applies to presets" in result.output
 
 
 def test_validate_fails_with_the_precise_error() -> None:
