@@ -71,20 +71,29 @@ def _flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) 
     return 2 * b * hq * pairs * (d + v.shape[3])
 
 
-def _numpy(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
-    q, k, v = xs
+def attention(
+    q: Array, k: Array, v: Array, causal: bool, scale: float | None, query_offset: int = 0
+) -> Array:
+    """The attention computation; `query_offset` is the global index of q's first row
+    (non-zero when the query sequence is sharded and k/v hold the whole sequence)."""
     group = q.shape[2] // k.shape[2]
     k = np.repeat(k, group, axis=2)  # query head h reads kv head h // group
     v = np.repeat(v, group, axis=2)
-    scale = attrs.get("scale")
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     scores = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if attrs.get("causal", True):
-        above = np.triu(np.ones(scores.shape[-2:], dtype=bool), k=1)  # key j > query i
-        scores = np.where(above, -np.inf, scores)
+    if causal:
+        above = np.triu(np.ones(scores.shape[-2:], dtype=bool), k=1 + query_offset)
+        scores = np.where(above, -np.inf, scores)  # key j > query i + offset
     weights = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
     weights /= np.sum(weights, axis=-1, keepdims=True)
-    return [np.einsum("bhqk,bkhd->bqhd", weights, v)]
+    return np.asarray(np.einsum("bhqk,bkhd->bqhd", weights, v))
+
+
+def _numpy(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
+    q, k, v = xs
+    scale = attrs.get("scale")
+    causal = bool(attrs.get("causal", True))
+    return [attention(q, k, v, causal, None if scale is None else float(scale))]
 
 
 register(

@@ -1,0 +1,146 @@
+"""Local kernels: what one rank computes for an op, given its local blocks.
+
+Rules (`shardlab.spmd`) name the kernel they need in `RuleResult.kernel`; this module
+implements them.
+
+Most rules promise that the op's own numpy kernel on the local blocks gives the local blocks
+of the outputs (`default`). A few need to know where their block sits in the global tensor,
+or to combine partial statistics with the other ranks mid-op:
+
+- `replicated`: compute from whole inputs, then keep this rank's part of each output (the
+  fallback, and ops without inputs such as `rope_cache`);
+- `embedding_vocab_parallel`: look up only the ids inside this rank's rows of the table;
+- `cross_entropy_vocab_parallel`: all-reduce the max and the sum of exponentials over the
+  vocab-sharding axes (declared as `InnerComm`s), then emit this rank's partial loss;
+- `attention_query_offset`: causal attention whose query block starts at a global offset.
+
+A kernel returns its outputs, or is a generator that yields `CollectiveRequest`s and receives
+each reduced array back (the runtime fulfils them: in lockstep on the simulated mesh, with
+torch.distributed on real ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.ir import TensorType
+from shardlab.mesh import Mesh
+from shardlab.ops import get_op
+from shardlab.ops.attention import attention
+from shardlab.ops.base import Array, Attrs
+from shardlab.placement import DistSpec, Shard, index_ranges
+from shardlab.runtime.distribute import to_local
+
+
+@dataclass(frozen=True, slots=True)
+class LocalContext:
+    """Where this rank's blocks sit: mesh, rank, and the global types and specs."""
+
+    mesh: Mesh
+    rank: int
+    input_types: tuple[TensorType, ...]
+    output_types: tuple[TensorType, ...]
+    input_specs: tuple[DistSpec, ...]
+    output_specs: tuple[DistSpec, ...]
+
+    def input_range(self, i: int) -> tuple[tuple[int, int], ...]:
+        spec = self.input_specs[i]
+        return index_ranges(self.input_types[i].shape, self.mesh, spec.placements, self.rank)
+
+    def output_range(self, j: int) -> tuple[tuple[int, int], ...]:
+        spec = self.output_specs[j]
+        return index_ranges(self.output_types[j].shape, self.mesh, spec.placements, self.rank)
+
+    def axes_sharding(self, i: int, dim: int) -> tuple[str, ...]:
+        """Mesh axes that shard dim `dim` of input `i`."""
+        spec = self.input_specs[i]
+        return tuple(
+            spec.mesh.axis_names[k]
+            for k, p in enumerate(spec.placements)
+            if isinstance(p, Shard) and p.dim == dim
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRequest:
+    """A collective a kernel needs mid-op: reduce `data` over the ranks along `axes`."""
+
+    op: str  # sum | max
+    axes: tuple[str, ...]
+    data: Array
+
+
+KernelResult = list[Array] | Generator[CollectiveRequest, Array, list[Array]]
+Kernel = Callable[[str, Sequence[Array], Attrs, LocalContext], KernelResult]
+
+
+def default_kernel(kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext) -> KernelResult:
+    impl = get_op(kind).numpy_impl
+    assert impl is not None, kind
+    return impl(xs, attrs)
+
+
+def replicated_kernel(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """Whole inputs in, this rank's part of each output out."""
+    impl = get_op(kind).numpy_impl
+    assert impl is not None, kind
+    full = impl(xs, attrs)
+    return [
+        to_local(np.asarray(y), spec, ctx.rank)
+        for y, spec in zip(full, ctx.output_specs, strict=True)
+    ]
+
+
+def embedding_vocab_parallel(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """Rows of the table outside this rank's block contribute zeros (a partial sum)."""
+    ids, table = xs
+    start, stop = ctx.input_range(1)[0]
+    inside = (ids >= start) & (ids < stop)
+    rows = table[np.where(inside, ids - start, 0)]
+    return [np.where(inside[..., None], rows, 0.0)]
+
+
+def cross_entropy_vocab_parallel(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> Generator[CollectiveRequest, Array, list[Array]]:
+    """Megatron's vocab-parallel cross entropy; the output is a partial sum over the axes."""
+    logits, labels = xs
+    axes = ctx.axes_sharding(0, logits.ndim - 1)
+    parts = int(np.prod([ctx.mesh.axis_size(a) for a in axes]))
+    start, stop = ctx.input_range(0)[-1]
+    peak = yield CollectiveRequest("max", axes, np.max(logits, axis=-1))
+    sum_exp = yield CollectiveRequest("sum", axes, np.sum(np.exp(logits - peak[..., None]), -1))
+    lse = peak + np.log(sum_exp)
+    inside = (labels >= start) & (labels < stop)
+    local = np.where(inside, labels - start, 0)
+    picked = np.take_along_axis(logits, local[..., None], axis=-1)[..., 0]
+    terms = lse / parts - np.where(inside, picked, 0.0)
+    total = np.sum(terms) if attrs.get("reduction", "mean") == "sum" else np.mean(terms)
+    return [np.asarray(total)]
+
+
+def attention_query_offset(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """Causal attention for a block of queries that starts at a global offset."""
+    offset = ctx.input_range(0)[1][0]
+    scale = attrs.get("scale")
+    q, k, v = xs
+    causal = bool(attrs.get("causal", True))
+    return [attention(q, k, v, causal, None if scale is None else float(scale), offset)]
+
+
+KERNELS: dict[str, Kernel] = {
+    "default": default_kernel,
+    "replicated": replicated_kernel,
+    "embedding_vocab_parallel": embedding_vocab_parallel,
+    "cross_entropy_vocab_parallel": cross_entropy_vocab_parallel,
+    "attention_query_offset": attention_query_offset,
+}

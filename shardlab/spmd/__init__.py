@@ -1,0 +1,7 @@
+"""Sharding propagation: per-op SPMD rules, the replicated fallback, and completion."""
+
+from shardlab.spmd import rules  # noqa: F401  (attaches every rule to the op catalog)
+from shardlab.spmd.engine import infer, rule_for
+from shardlab.spmd.result import AxisChoice, InnerComm, RuleContext, RuleResult
+
+__all__ = ["AxisChoice", "InnerComm", "RuleContext", "RuleResult", "infer", "rule_for"]

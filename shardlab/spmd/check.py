@@ -1,0 +1,111 @@
+"""Check a sharding rule by executing it: the distributed result must equal one device's.
+
+For given arriving specs, ask the rule what it needs, cut each global input into the blocks
+of the *required* spec (partial values split at random), run the rule's local kernel on every
+rank (`shardlab.runtime.sharded`), reassemble each output from its spec (partial values
+reduced) and compare with the op's kernel on the global inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardlab.errors import PlacementError
+from shardlab.ir import TensorType
+from shardlab.mesh import Mesh
+from shardlab.ops import get_op, infer_types
+from shardlab.ops.base import Array
+from shardlab.placement import (
+    DistSpec,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    check_placements,
+    local_shape,
+)
+from shardlab.runtime.distribute import assemble, distribute
+from shardlab.runtime.sharded import run_sharded_op
+from shardlab.spmd.engine import infer
+from shardlab.spmd.result import RuleResult
+
+
+@dataclass(frozen=True, slots=True)
+class RuleCheck:
+    """Outcome of one numeric check: the rule's answer and the worst error per output."""
+
+    rule: RuleResult
+    max_abs_error: tuple[float, ...]
+
+
+def random_inputs(
+    kind: str, types: Sequence[TensorType], attrs: Mapping[str, Any], rng: np.random.Generator
+) -> list[Array]:
+    """Global inputs for `kind`: normal floats, integers in range of the op's index bounds."""
+    opdef = get_op(kind)
+    bounds = opdef.index_bounds(types, attrs) if opdef.index_bounds else {}
+    out: list[Array] = []
+    for i, t in enumerate(types):
+        if t.is_float:
+            out.append(rng.standard_normal(t.shape))
+        elif t.dtype == "bool":
+            out.append(rng.integers(0, 2, t.shape).astype(bool))
+        else:
+            out.append(rng.integers(0, bounds.get(i, 2), t.shape))
+    return out
+
+
+def check_rule(
+    kind: str,
+    types: Sequence[TensorType],
+    specs: Sequence[DistSpec | None],
+    attrs: Mapping[str, Any],
+    mesh: Mesh,
+    rng: np.random.Generator,
+    hints: Sequence[DistSpec | None] = (),
+) -> RuleCheck:
+    """Run `kind` distributed as its rule prescribes and measure the error per output."""
+    globals_ = random_inputs(kind, types, attrs, rng)
+    impl = get_op(kind).numpy_impl
+    assert impl is not None
+    expected = impl(globals_, dict(attrs))
+    rule = infer(kind, types, specs, attrs, mesh, hints)
+    out_types = infer_types(kind, types, dict(attrs))
+    for t, spec in zip(types, rule.input_specs, strict=True):
+        check_placements(t.shape, mesh, spec.placements, "required input")
+    per_rank: dict[int, list[Array]] = {r: [] for r in mesh.ranks}
+    for x, spec in zip(globals_, rule.input_specs, strict=True):
+        for rank, block in distribute(np.asarray(x), spec, rng).items():
+            per_rank[rank].append(block)
+    outs = run_sharded_op(kind, attrs, rule, types, out_types, per_rank)
+    errors = []
+    for j, (t, spec) in enumerate(zip(out_types, rule.output_specs, strict=True)):
+        blocks = {r: np.asarray(outs[r][j]) for r in mesh.ranks}
+        want_shape = local_shape(t.shape, mesh, spec.placements)
+        for r, block in blocks.items():
+            assert block.shape == want_shape, (kind, r, block.shape, want_shape, str(spec))
+        got = assemble(blocks, spec, t.shape)
+        errors.append(float(np.max(np.abs(got - expected[j]), initial=0.0)))
+    return RuleCheck(rule, tuple(errors))
+
+
+def placements_for(rank: int, partial: bool = True) -> list[Placement]:
+    """Every placement one mesh axis can give a tensor of `rank` dims."""
+    out: list[Placement] = [Replicate(), *(Shard(d) for d in range(rank))]
+    return [*out, Partial("sum")] if partial else out
+
+
+def all_specs(t: TensorType, mesh: Mesh, partial: bool = True) -> Iterator[DistSpec]:
+    """Every DistSpec of `t` on `mesh` that divides its dims evenly."""
+    options = placements_for(t.rank, partial and t.is_float)
+    for combo in itertools.product(options, repeat=mesh.ndim):
+        try:
+            check_placements(t.shape, mesh, combo)
+        except PlacementError:  # a combination that does not divide the dims evenly
+            continue
+        yield DistSpec(mesh, combo)

@@ -1,0 +1,60 @@
+"""`infer`: apply the sharding rule of an op kind (or the replicated fallback)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from shardlab.errors import PlacementError
+from shardlab.ir import TensorType
+from shardlab.mesh import Mesh
+from shardlab.ops import get_op, infer_types
+from shardlab.placement import DistSpec, check_placements
+from shardlab.spmd.fallback import replicated_rule
+from shardlab.spmd.result import RuleContext, RuleResult
+
+Rule = Callable[[RuleContext], RuleResult]
+
+
+def rule_for(kind: str) -> tuple[Rule, bool]:
+    """The rule of `kind` and whether it is the generated fallback."""
+    rule = get_op(kind).spmd_rule
+    return (rule, False) if rule is not None else (replicated_rule, True)
+
+
+def infer(
+    kind: str,
+    input_types: Sequence[TensorType],
+    input_specs: Sequence[DistSpec | None],
+    attrs: Mapping[str, Any],
+    mesh: Mesh,
+    output_hints: Sequence[DistSpec | None] = (),
+    inplace: Sequence[int | None] = (),
+) -> RuleResult:
+    """The RuleResult of applying `kind` to inputs that arrive in `input_specs`.
+
+    A None spec is a value whose placement is still free. Specs that do not fit their input
+    raise PlacementError naming the input.
+    """
+    if len(input_specs) != len(input_types):
+        raise PlacementError(
+            f"{kind}: {len(input_specs)} input specs for {len(input_types)} inputs"
+        )
+    for i, (t, spec) in enumerate(zip(input_types, input_specs, strict=True)):
+        if spec is None:
+            continue
+        if spec.mesh != mesh:
+            raise PlacementError(f"{kind}: input {i} is placed on another mesh ({spec.mesh})")
+        check_placements(t.shape, mesh, spec.placements, what=f"{kind} input {i}")
+    ctx = RuleContext(
+        kind=kind,
+        mesh=mesh,
+        input_types=tuple(input_types),
+        output_types=tuple(infer_types(kind, input_types, dict(attrs))),
+        input_specs=tuple(input_specs),
+        attrs=dict(attrs),
+        output_hints=tuple(output_hints),
+        inplace=tuple(inplace),
+    )
+    rule, _ = rule_for(kind)
+    return rule(ctx)

@@ -1,0 +1,81 @@
+"""What a sharding rule answers for one op: `RuleResult`.
+
+A rule receives the specs in which the op's inputs arrive (None for a value whose placement
+is still free) and answers the specs it needs them in (a difference is a reshard), the specs
+its outputs come out in, whether it is the replicated fallback, and why. Rules whose local
+computation is not simply the op's kernel on local shards (vocab-parallel embedding, causal
+attention over a sharded query sequence, ...) name a local kernel and list the collectives
+it performs inside the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardlab.ir import TensorType
+from shardlab.mesh import Mesh
+from shardlab.placement import DistSpec
+
+
+@dataclass(frozen=True, slots=True)
+class InnerComm:
+    """A collective a local kernel performs inside the op (e.g. vocab-parallel softmax)."""
+
+    kind: str  # all_reduce
+    op: str  # sum | max
+    axes: tuple[str, ...]
+    type: TensorType  # global type of the reduced tensor
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AxisChoice:
+    """The decision a rule took for one mesh axis, kept for explanations."""
+
+    axis: str
+    choice: str  # a letter, "R", or "P(op)"
+    driver: int | None  # the input whose placement suggested it, if any
+    cost: float  # estimated bytes moved (plus latency) for this choice
+    alternatives: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RuleResult:
+    """Required input specs, produced output specs, fallback flag and the reason."""
+
+    input_specs: tuple[DistSpec, ...]
+    output_specs: tuple[DistSpec, ...]
+    reason: str
+    fallback: bool = False
+    kernel: str = "default"
+    inner_comms: tuple[InnerComm, ...] = ()
+    choices: tuple[AxisChoice, ...] = ()
+
+    def reshards(self, arriving: Sequence[DistSpec | None]) -> list[int]:
+        """Indices of inputs whose arriving spec differs from the required one."""
+        return [
+            i
+            for i, (have, need) in enumerate(zip(arriving, self.input_specs, strict=True))
+            if have is not None and have != need
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleContext:
+    """Everything a rule may look at."""
+
+    kind: str
+    mesh: Mesh
+    input_types: tuple[TensorType, ...]
+    output_types: tuple[TensorType, ...]
+    input_specs: tuple[DistSpec | None, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    #: Specs the outputs should preferably come out in (annotations), None where free.
+    output_hints: tuple[DistSpec | None, ...] = ()
+    #: For each output, the index of the input it overwrites in place (state updates), or None.
+    inplace: tuple[int | None, ...] = ()
+
+    def hint(self, index: int) -> DistSpec | None:
+        return self.output_hints[index] if index < len(self.output_hints) else None
