@@ -12,7 +12,8 @@ or to combine partial statistics with the other ranks mid-op:
 - `embedding_vocab_parallel`: look up only the ids inside this rank's rows of the table;
 - `cross_entropy_vocab_parallel`: all-reduce the max and the sum of exponentials over the
   vocab-sharding axes (declared as `InnerComm`s), then emit this rank's partial loss;
-- `attention_query_offset`: causal attention whose query block starts at a global offset.
+- `attention_query_offset`: causal attention whose query block starts at a global offset;
+- `reshape_local`: reshape to this rank's local output shape (attr `shape` is global).
 
 A kernel returns its outputs, or is a generator that yields `CollectiveRequest`s and receives
 each reduced array back (the runtime fulfils them: in lockstep on the simulated mesh, with
@@ -31,7 +32,7 @@ from shardlab.mesh import Mesh
 from shardlab.ops import get_op
 from shardlab.ops.attention import attention
 from shardlab.ops.base import Array, Attrs
-from shardlab.placement import DistSpec, Shard, index_ranges
+from shardlab.placement import DistSpec, Shard, index_ranges, local_shape
 from shardlab.runtime.distribute import to_local
 
 
@@ -137,10 +138,17 @@ def attention_query_offset(
     return [attention(q, k, v, causal, None if scale is None else float(scale), offset)]
 
 
+def reshape_local(kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext) -> KernelResult:
+    """The block keeps its elements in order; only the target shape is the local one."""
+    spec = ctx.output_specs[0]
+    return [np.reshape(xs[0], local_shape(ctx.output_types[0].shape, ctx.mesh, spec.placements))]
+
+
 KERNELS: dict[str, Kernel] = {
     "default": default_kernel,
     "replicated": replicated_kernel,
     "embedding_vocab_parallel": embedding_vocab_parallel,
     "cross_entropy_vocab_parallel": cross_entropy_vocab_parallel,
     "attention_query_offset": attention_query_offset,
+    "reshape_local": reshape_local,
 }

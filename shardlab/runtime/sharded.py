@@ -57,15 +57,20 @@ def run_sharded_op(
     replies: dict[int, Array | None] = {r: None for r in running}
     while running:
         requests: dict[int, CollectiveRequest] = {}
+        finished = []
         for rank, gen in list(running.items()):
             try:
                 reply = replies[rank]
                 requests[rank] = next(gen) if reply is None else gen.send(reply)
             except StopIteration as stop:
                 results[rank] = stop.value
+                finished.append(rank)
                 del running[rank]
-        if requests and set(requests) != set(running):
-            raise ExecutionError(f"{kind}: some ranks finished while others wait on a collective")
+        if requests and finished:
+            raise ExecutionError(
+                f"{kind}: ranks {sorted(finished)} finished while ranks {sorted(requests)} "
+                "wait on a collective"
+            )
         for rank, req in requests.items():
             group = axes_group(mesh, rank, req.axes)
             stacked = np.stack([requests[g].data for g in group])

@@ -4,17 +4,25 @@
 dim 1 is `abc->ac`. Each letter names an index; a mesh axis may shard at most one letter per
 op. `_` marks a dim that is never sharded (a broadcast or kept size-1 dim).
 
-Policy, per mesh axis in mesh order (documented in docs/spmd.md):
+Policy, per mesh axis in mesh order:
 1. Candidates: every letter some input arrives sharded on along the axis, every letter an
-   output is annotated to be sharded on, `P(op)` when the op is linear and an input arrives
-   partial (or an output is annotated partial), and `R`.
+   output is annotated to be sharded on, `P(op)` when the op passes `op` through (linear
+   ops: sum and avg; max: max) and an input arrives partial (or an output is annotated
+   partial), and `R`. A multilinear op keeps the same single input partial on every axis.
    Letters that must stay whole, or whose size the axis does not divide, are dropped.
 2. Each candidate fixes every input's and output's placement on the axis. Its cost is the
    estimated bytes moved to reshard the inputs (`shardlab.spmd.cost`), plus converting
    outputs to their annotation, plus - for a partial output without annotation - the
-   all-reduce that will eventually resolve it.
-3. The cheapest candidate wins; ties go to a non-partial output, then to sharding over
-   replication, then to the first candidate in input order. The choice is deterministic.
+   all-reduce that will eventually resolve it. Inputs count their arriving blocks; an
+   output's block is estimated from the axes decided so far and, for the later axes, the
+   letters the inputs arrive sharded on. Compute counts too: the op's FLOPs per rank,
+   converted to bytes at `FLOPS_PER_BYTE`, divided by the axis size only when the
+   candidate shards a letter (`R` and `P` repeat the work on every rank of the axis).
+3. The cheapest candidate wins; ties go to a candidate that creates no new partial output
+   (passing an arriving partial through does not count: its all-reduce is only deferred,
+   and a later op may absorb it), then to sharding or passing through over replication,
+   then to a non-partial output, then to the first candidate in input order. The choice is
+   deterministic.
 
 A sharded letter that no output carries is contracted: the outputs become `Partial(op)`,
 with `op` from the signature (`sum` for matmul, `avg` for a mean, `max` for a max).
@@ -26,8 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shardlab.ir import TensorType
+from shardlab.ops import get_op
 from shardlab.placement import DistSpec, Partial, Placement, Replicate, Shard
-from shardlab.spmd.cost import LATENCY_BYTES, axis_cost, local_bytes
+from shardlab.spmd.cost import FLOPS_PER_BYTE, LATENCY_BYTES, axis_cost, local_bytes
 from shardlab.spmd.result import AxisChoice, RuleContext, RuleResult
 
 UNSHARDABLE = "_"
@@ -80,20 +89,26 @@ def solve(ctx: RuleContext, sig: Signature) -> RuleResult:
     out_pl: list[list[Placement]] = [[] for _ in ctx.output_types]
     parts: dict[str, int] = {}  # letter -> product of the axis sizes sharding it so far
     choices: list[AxisChoice] = []
+    flops = get_op(ctx.kind).flops(ctx.input_types, ctx.output_types, ctx.attrs)
     for k, axis in enumerate(mesh.axis_names):
         n = mesh.shape[k]
+        expected = _expected_parts(ctx, sig, k, parts)
         out_bytes = [
-            t.nbytes / _shards(sig.outputs[j], parts) for j, t in enumerate(ctx.output_types)
+            t.nbytes / _shards(sig.outputs[j], expected) for j, t in enumerate(ctx.output_types)
         ]
-        cands = _candidates(ctx, sig, k, n, parts, in_bytes)
+        held = {i for i, pl in enumerate(in_pl) if any(isinstance(p, Partial) for p in pl)}
+        cands = _candidates(ctx, sig, k, n, parts, in_bytes, held)
+        work = flops / _shards("".join(parts), parts) / FLOPS_PER_BYTE
         for cand in cands:
             cand.cost = _cost(ctx, k, n, cand, in_bytes, out_bytes)
+            cand.cost += work / n if _splits_work(cand) else work
         best = min(
             cands,
             key=lambda c: (
                 round(c.cost, 6),
-                c.label.startswith("P") or any(isinstance(p, Partial) for p in c.outputs),
+                _new_partial(c),
                 c.label == "R",
+                any(isinstance(p, Partial) for p in c.outputs),
                 cands.index(c),
             ),
         )
@@ -114,6 +129,32 @@ def solve(ctx: RuleContext, sig: Signature) -> RuleResult:
         kernel=kernels.pop() if kernels else "default",
         choices=tuple(choices),
     )
+
+
+def _splits_work(cand: _Candidate) -> bool:
+    """A letter candidate divides the op's work among the axis' ranks; R and P do not."""
+    return cand.label != "R" and not cand.label.startswith("P(")
+
+
+def _new_partial(cand: _Candidate) -> bool:
+    """True when the candidate makes outputs partial that no arriving input was partial in."""
+    passthrough = cand.label.startswith("P(") and cand.driver is not None
+    return not passthrough and any(isinstance(p, Partial) for p in cand.outputs)
+
+
+def _expected_parts(
+    ctx: RuleContext, sig: Signature, k: int, parts: dict[str, int]
+) -> dict[str, int]:
+    """`parts`, plus the letter each later mesh axis shards in the first input arriving
+    sharded on it: an output's block is estimated like the inputs' arriving blocks."""
+    out = dict(parts)
+    for a in range(k + 1, ctx.mesh.ndim):
+        for letters, spec in zip(sig.inputs, ctx.input_specs, strict=True):
+            p = spec.placements[a] if spec is not None else None
+            if isinstance(p, Shard) and letters[p.dim] not in sig.whole:
+                out[letters[p.dim]] = out.get(letters[p.dim], 1) * ctx.mesh.shape[a]
+                break
+    return out
 
 
 def _shards(letters: str, parts: Mapping[str, int]) -> int:
@@ -144,6 +185,7 @@ def _candidates(
     n: int,
     parts: dict[str, int],
     in_bytes: list[float],
+    held: set[int],
 ) -> list[_Candidate]:
     proposals: list[tuple[str, int | None]] = []
     for i, spec in enumerate(ctx.input_specs):
@@ -158,8 +200,7 @@ def _candidates(
         ):
             proposals.append((f"P({p.op})", i))
     for j in range(len(ctx.output_types)):
-        hint = ctx.hint(j)
-        p = hint.placements[k] if hint is not None else None
+        p = ctx.hint_at(j, k)
         if isinstance(p, Shard):
             proposals.append((sig.outputs[j][p.dim], None))
         elif isinstance(p, Partial) and p.op in sig.passthrough and sig.linearity != "none":
@@ -174,7 +215,7 @@ def _candidates(
         if label == "R":
             out.append(_replicated(ctx, driver))
         elif label.startswith("P("):
-            out.append(_partial(ctx, sig, k, label[2:-1], driver, in_bytes))
+            out.append(_partial(ctx, sig, k, label[2:-1], driver, in_bytes, held))
         elif (
             label != UNSHARDABLE and label not in sig.whole and _divides(ctx, sig, label, n, parts)
         ):
@@ -203,11 +244,22 @@ def _letter(ctx: RuleContext, sig: Signature, letter: str, driver: int | None) -
 
 
 def _partial(
-    ctx: RuleContext, sig: Signature, k: int, op: str, driver: int | None, in_bytes: list[float]
+    ctx: RuleContext,
+    sig: Signature,
+    k: int,
+    op: str,
+    driver: int | None,
+    in_bytes: list[float],
+    held: set[int],
 ) -> _Candidate:
+    """`held`: inputs already partial on an earlier mesh axis. A multilinear op keeps one
+    partial input over all axes: a @ b with a partial on one axis and b on another would
+    sum the cross terms of the two decompositions."""
     linear = [i for i in range(len(ctx.input_types)) if sig.is_linear_in(i)]
     if sig.linearity == "affine":
         keepers = set(linear)
+    elif held:
+        keepers = set(held)
     else:
         arriving = [
             i
@@ -235,9 +287,9 @@ def _cost(
         src = spec.placements[k] if spec is not None else None
         total += axis_cost(in_bytes[i], n, src, cand.inputs[i])
     for j, produced in enumerate(cand.outputs):
-        hint = ctx.hint(j)
+        hint = ctx.hint_at(j, k)
         if hint is not None:
-            total += axis_cost(out_bytes[j], n, produced, hint.placements[k])
+            total += axis_cost(out_bytes[j], n, produced, hint)
         elif isinstance(produced, Partial) and n > 1:
             total += 2 * out_bytes[j] * (n - 1) / n + LATENCY_BYTES
     return total

@@ -9,7 +9,7 @@ from shardlab.errors import PlacementError
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
 from shardlab.ops import get_op, infer_types
-from shardlab.placement import DistSpec, check_placements
+from shardlab.placement import DistSpec, Placement, check_placements
 from shardlab.spmd.fallback import replicated_rule
 from shardlab.spmd.result import RuleContext, RuleResult
 
@@ -28,7 +28,7 @@ def infer(
     input_specs: Sequence[DistSpec | None],
     attrs: Mapping[str, Any],
     mesh: Mesh,
-    output_hints: Sequence[DistSpec | None] = (),
+    output_hints: Sequence[DistSpec | Sequence[Placement | None] | None] = (),
     inplace: Sequence[int | None] = (),
 ) -> RuleResult:
     """The RuleResult of applying `kind` to inputs that arrive in `input_specs`.
@@ -53,8 +53,16 @@ def infer(
         output_types=tuple(infer_types(kind, input_types, dict(attrs))),
         input_specs=tuple(input_specs),
         attrs=dict(attrs),
-        output_hints=tuple(output_hints),
+        output_hints=tuple(_hint(h) for h in output_hints),
         inplace=tuple(inplace),
     )
     rule, _ = rule_for(kind)
     return rule(ctx)
+
+
+def _hint(
+    hint: DistSpec | Sequence[Placement | None] | None,
+) -> tuple[Placement | None, ...] | None:
+    if hint is None:
+        return None
+    return tuple(hint.placements) if isinstance(hint, DistSpec) else tuple(hint)

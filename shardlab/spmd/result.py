@@ -16,7 +16,7 @@ from typing import Any
 
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
-from shardlab.placement import DistSpec
+from shardlab.placement import DistSpec, Placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +72,25 @@ class RuleContext:
     output_types: tuple[TensorType, ...]
     input_specs: tuple[DistSpec | None, ...]
     attrs: dict[str, Any] = field(default_factory=dict)
-    #: Specs the outputs should preferably come out in (annotations), None where free.
-    output_hints: tuple[DistSpec | None, ...] = ()
+    #: Per output, the placement per mesh axis it should preferably come out in (from
+    #: annotations); None where free.
+    output_hints: tuple[tuple[Placement | None, ...] | None, ...] = ()
     #: For each output, the index of the input it overwrites in place (state updates), or None.
     inplace: tuple[int | None, ...] = ()
 
-    def hint(self, index: int) -> DistSpec | None:
-        return self.output_hints[index] if index < len(self.output_hints) else None
+    def hint_at(self, output: int, axis: int) -> Placement | None:
+        """The preferred placement of output `output` on mesh axis `axis`, if any."""
+        if output >= len(self.output_hints) or self.output_hints[output] is None:
+            return None
+        hint = self.output_hints[output]
+        assert hint is not None
+        return hint[axis]
+
+    def hint(self, output: int) -> DistSpec | None:
+        """The preferred spec of an output when every axis has a preference."""
+        if output >= len(self.output_hints):
+            return None
+        hint = self.output_hints[output]
+        if hint is None or any(p is None for p in hint):
+            return None
+        return DistSpec(self.mesh, tuple(p for p in hint if p is not None))

@@ -1,3 +1,12 @@
 """Sharding rules, one module per op family; importing this package attaches them."""
 
-from shardlab.spmd.rules import elementwise, linalg  # noqa: F401
+from shardlab.spmd.rules import (  # noqa: F401
+    attention,
+    elementwise,
+    embedding,
+    linalg,
+    loss,
+    norm,
+    reduce,
+    shape,
+)

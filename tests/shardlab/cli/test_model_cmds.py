@@ -61,7 +61,7 @@ def test_export_applies_overrides(tmp_path: Path) -> None:
 
 
 def test_validate_fails_with_the_precise_error() -> None:
-    bad = Path(__file__).parent / "malformed" / "contracted_dim.json"
+    bad = Path(__file__).parent.parent / "malformed" / "contracted_dim.json"
     result = runner.invoke(app, ["validate", str(bad)])
     assert result.exit_code == 1
     assert "op 'mm' (matmul): contracted dims disagree" in result.output

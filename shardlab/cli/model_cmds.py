@@ -1,52 +1,19 @@
-"""The `shardlab` command.
-
-`MODEL` arguments are a preset name (`llama3-8b`) or the path of a graph JSON file;
-`--set key=value` overrides preset fields. User errors print one line naming the culprit
-and exit with status 1.
-"""
+"""Model commands: list presets, show a model, export and validate graph files."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from shardlab.errors import PresetError, ShardlabError
+from shardlab.cli.common import JsonFlag, SetOption, app, fail, load_model
+from shardlab.errors import ShardlabError
 from shardlab.graph_json import dumps_graph, graph_schema
-from shardlab.ir import Graph
-from shardlab.models import PRESETS, build_model, parse_overrides
+from shardlab.models import PRESETS
 from shardlab.summary import human, model_summary
 from shardlab.validate import load_graph_file
-
-app = typer.Typer(
-    help="Shardlab: plan, cost and verify how a model is split across a device mesh.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-
-SetOption = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a preset field, e.g. --set layers=2 (repeatable)."),
-]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-
-
-def load_model(model: str, overrides: list[str] | None = None) -> Graph:
-    """A preset (with overrides) or a validated graph file."""
-    path = Path(model)
-    if model not in PRESETS and (path.suffix == ".json" or path.exists()):
-        if overrides:
-            raise PresetError("--set applies to presets, not to graph files", model=model)
-        return load_graph_file(path)
-    return build_model(model, parse_overrides(overrides or []))
-
-
-def _fail(exc: ShardlabError) -> None:
-    typer.echo(f"error: {exc.message}", err=True)
-    raise typer.Exit(1)
 
 
 @app.command()
@@ -69,7 +36,7 @@ def show(model: str, set_: SetOption = None, as_json: JsonFlag = False) -> None:
     try:
         summary = model_summary(load_model(model, set_))
     except ShardlabError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
@@ -96,7 +63,7 @@ def export(
     try:
         graph = load_model(model, set_)
     except ShardlabError as exc:
-        _fail(exc)
+        fail(exc)
     output.write_text(dumps_graph(graph, indent=1))
     typer.echo(f"wrote {output} ({len(graph.ops)} ops, {graph.num_params():,} params)")
 
@@ -107,7 +74,7 @@ def validate(file: Path) -> None:
     try:
         graph = load_graph_file(file)
     except ShardlabError as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(f"ok: {file} ({len(graph.ops)} ops, {len(graph.values)} values)")
 
 
@@ -115,25 +82,3 @@ def validate(file: Path) -> None:
 def schema() -> None:
     """Print the JSON schema of the graph format."""
     typer.echo(json.dumps(graph_schema(), indent=2))
-
-
-@app.command()
-def serve(
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
-) -> None:
-    """Start the web service (API under /api, UI at /)."""
-    import uvicorn
-
-    from backend.app import create_app
-
-    typer.echo(f"shardlab: serving on http://{host}:{port}/", err=True)
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
-
-
-def main() -> None:  # pragma: no cover - console entry for `python -m shardlab.cli`
-    sys.exit(app())
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

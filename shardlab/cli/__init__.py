@@ -1,0 +1,11 @@
+"""The `shardlab` command: one module per group of commands, all on one Typer app.
+
+`MODEL` arguments are a preset name (`llama3-8b`) or the path of a graph JSON file;
+`--set key=value` overrides preset fields. User errors print one line naming the culprit
+and exit with status 1.
+"""
+
+from shardlab.cli import model_cmds, serve_cmd, sharding_cmds  # noqa: F401  (register commands)
+from shardlab.cli.common import app
+
+__all__ = ["app"]

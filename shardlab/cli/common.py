@@ -1,0 +1,66 @@
+"""The Typer app and what every command shares: loading models, strategy options, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from shardlab.errors import PresetError, ShardlabError
+from shardlab.ir import Graph
+from shardlab.models import PRESETS, build_model, parse_overrides
+from shardlab.strategy import Strategy
+from shardlab.validate import load_graph_file
+
+app = typer.Typer(
+    help="Shardlab: plan, cost and verify how a model is split across a device mesh.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a preset field, e.g. --set layers=2 (repeatable)."),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+MeshOption = Annotated[
+    str, typer.Option("--mesh", help="Device mesh as axis=size pairs, e.g. dp=2,tp=4.")
+]
+TemplateOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--template",
+        help="Strategy template, optionally on a named axis: dp, megatron_tp, "
+        "sequence_parallel, fsdp, or e.g. dp:x (repeatable, applied in order).",
+    ),
+]
+AnnotateOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--annotate",
+        help="Placement for values matching a glob: 'w0=S(1)' or 'x=dp:S(0)' (repeatable).",
+    ),
+]
+
+
+def load_model(model: str, overrides: list[str] | None = None) -> Graph:
+    """A preset (with overrides) or a validated graph file."""
+    path = Path(model)
+    if model not in PRESETS and (path.suffix == ".json" or path.exists()):
+        if overrides:
+            raise PresetError("--set applies to presets, not to graph files", model=model)
+        return load_graph_file(path)
+    return build_model(model, parse_overrides(overrides or []))
+
+
+def build_strategy(
+    mesh: str, templates: list[str] | None, annotations: list[str] | None
+) -> Strategy:
+    return Strategy.build(mesh, templates or [], annotations or [])
+
+
+def fail(exc: ShardlabError) -> NoReturn:
+    """Print a user error in one line and exit with status 1."""
+    typer.echo(f"error: {exc.message}", err=True)
+    raise typer.Exit(1)

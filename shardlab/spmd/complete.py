@@ -1,0 +1,319 @@
+"""Completion: a DistSpec for every value and a RuleResult for every op of a graph.
+
+1. Annotations (templates first, in order, then the user's; a later one overrides an earlier
+   one on the same value and mesh axis) become per-axis constraints on values.
+2. A forward pass in topological order applies each op's rule to the specs its inputs arrive
+   in. Free source values (unannotated params, inputs, constants) take the spec their first
+   consumer requires. Outputs take the rule's spec, overridden on annotated axes (the
+   annotation is also given to the rule as a hint, so it can produce it directly). An output
+   that overwrites state in place keeps that state's spec.
+3. A backward step: a value produced by an unconstrained op (no inputs, or only free source
+   inputs) takes the spec its first consumer requires, and the forward pass runs again,
+   until nothing changes.
+
+Every value records the decisions that gave its placement, for `explain`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardlab.errors import PlacementError, ShardlabError
+from shardlab.ir import SOURCE_KINDS, Graph, Op, ValueKind
+from shardlab.placement import DistSpec, Placement, Replicate, check_placements
+from shardlab.spmd.engine import infer
+from shardlab.spmd.result import RuleResult
+from shardlab.strategy import Annotation, Strategy, StrategyError, match_values
+from shardlab.templates import template_annotations
+
+MAX_ROUNDS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One step that set a value's placement."""
+
+    spec: str
+    source: str  # annotation | producer | consumer | inplace | backward | default
+    detail: str
+    op: str | None = None
+
+
+@dataclass
+class CompletedGraph:
+    """A graph with a DistSpec for every value and a RuleResult for every op."""
+
+    graph: Graph
+    strategy: Strategy
+    specs: dict[str, DistSpec]
+    rules: dict[str, RuleResult]
+    arriving: dict[str, tuple[DistSpec, ...]]
+    decisions: dict[str, list[Decision]]
+    constraints: dict[str, dict[int, tuple[Placement, Annotation]]]
+    unmatched: list[Annotation] = field(default_factory=list)
+    rounds: int = 1
+
+    @property
+    def mesh(self) -> Any:
+        return self.strategy.mesh
+
+    def fallback_ops(self) -> list[str]:
+        return [op.name for op in self.graph.ops if self.rules[op.name].fallback]
+
+    def reshards(self) -> list[tuple[str, int, DistSpec, DistSpec]]:
+        """(op, input index, arriving spec, required spec) for every input to reshard."""
+        out = []
+        for op in self.graph.ops:
+            rule = self.rules[op.name]
+            for i in rule.reshards(self.arriving[op.name]):
+                out.append((op.name, i, self.arriving[op.name][i], rule.input_specs[i]))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        reshards = self.reshards()
+        return {
+            "mesh": str(self.mesh),
+            "strategy": self.strategy.describe(),
+            "values": len(self.specs),
+            "ops": len(self.rules),
+            "fallback_ops": self.fallback_ops(),
+            "reshard_ops": len({r[0] for r in reshards}),
+            "reshards": len(reshards),
+            "unmatched_template_patterns": sorted({a.pattern for a in self.unmatched}),
+            "rounds": self.rounds,
+        }
+
+
+def resolve_annotations(
+    graph: Graph, strategy: Strategy
+) -> tuple[dict[str, dict[int, tuple[Placement, Annotation]]], list[Annotation]]:
+    """Per value, per mesh axis index, the placement asked for and the annotation asking."""
+    mesh = strategy.mesh
+    names = list(graph.values)
+    constraints: dict[str, dict[int, tuple[Placement, Annotation]]] = {}
+    unmatched: list[Annotation] = []
+    annotations = [*template_annotations(graph, mesh, strategy.templates), *strategy.annotations]
+    for ann in annotations:
+        matched = match_values(ann.pattern, names)
+        if not matched:
+            if ann.source == "user":
+                raise StrategyError(
+                    f"annotation {ann.text()!r} matches no value of graph {graph.name!r}",
+                    annotation=ann.text(),
+                )
+            unmatched.append(ann)
+        for name in matched:
+            slot = constraints.setdefault(name, {})
+            for axis, placement in ann.placements:
+                slot[mesh.axis_index(axis)] = (placement, ann)
+    for name, slot in constraints.items():
+        placements = [slot[k][0] if k in slot else Replicate() for k in range(mesh.ndim)]
+        try:
+            check_placements(graph.type_of(name).shape, mesh, placements, what=name)
+        except PlacementError as exc:
+            sources = sorted({repr(a.text()) for _, a in slot.values()})
+            raise PlacementError(
+                f"{exc.message} (asked by annotation {', '.join(sources)})", **exc.detail
+            ) from None
+    return constraints, unmatched
+
+
+def complete(graph: Graph, strategy: Strategy) -> CompletedGraph:
+    """Propagate placements over `graph` until a fixpoint; see the module docstring."""
+    constraints, unmatched = resolve_annotations(graph, strategy)
+    backward: dict[str, DistSpec] = {}
+    result = _forward(graph, strategy, constraints, backward)
+    for rounds in range(2, MAX_ROUNDS + 1):
+        changed = _backward(graph, result, constraints, backward)
+        if not changed:
+            break
+        result = _forward(graph, strategy, constraints, backward)
+        result.rounds = rounds
+    result.unmatched = unmatched
+    return result
+
+
+def _constrained(spec: DistSpec, slot: dict[int, tuple[Placement, Annotation]] | None) -> DistSpec:
+    if not slot:
+        return spec
+    placements = tuple(slot[k][0] if k in slot else p for k, p in enumerate(spec.placements))
+    return DistSpec(spec.mesh, placements)
+
+
+def _annotation_text(slot: dict[int, tuple[Placement, Annotation]]) -> str:
+    anns = {a.text(): a.source for _, a in slot.values()}
+    return ", ".join(f"{t!r} ({s})" for t, s in anns.items())
+
+
+def _forward(
+    graph: Graph,
+    strategy: Strategy,
+    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
+    backward: dict[str, DistSpec],
+) -> CompletedGraph:
+    mesh = strategy.mesh
+    replicated = DistSpec.replicated(mesh)
+    specs: dict[str, DistSpec] = {}
+    decisions: dict[str, list[Decision]] = {}
+    for value in graph.values.values():
+        slot = constraints.get(value.name)
+        if graph.producer(value.name) is None and slot:
+            specs[value.name] = _constrained(replicated, slot)
+            decisions[value.name] = [
+                Decision(
+                    str(specs[value.name]), "annotation", f"annotated {_annotation_text(slot)}"
+                )
+            ]
+    rules: dict[str, RuleResult] = {}
+    arriving: dict[str, tuple[DistSpec, ...]] = {}
+    for op in graph.ops:
+        in_specs = [specs.get(v) for v in op.inputs]
+        hints = [_hint(graph, constraints, backward, v, mesh.ndim) for v in op.outputs]
+        inplace = _inplace(graph, op)
+        try:
+            rule = infer(
+                op.kind,
+                [graph.type_of(v) for v in op.inputs],
+                in_specs,
+                op.attrs,
+                mesh,
+                hints,
+                inplace,
+            )
+        except ShardlabError as exc:
+            raise type(exc)(f"op {op.name!r} ({op.kind}): {exc.message}", op=op.name) from None
+        rules[op.name] = rule
+        for v, have, need in zip(op.inputs, in_specs, rule.input_specs, strict=True):
+            if have is None:
+                specs[v] = need
+                decisions[v] = [
+                    Decision(
+                        str(need),
+                        "consumer",
+                        f"free; takes what its first consumer {op.name!r} ({op.kind}) needs",
+                        op.name,
+                    )
+                ]
+        arriving[op.name] = tuple(specs[v] for v in op.inputs)
+        for j, v in enumerate(op.outputs):
+            _place_output(graph, op, j, v, rule, inplace, specs, decisions, constraints)
+    for value in graph.values.values():
+        if value.name not in specs:
+            specs[value.name] = replicated
+            decisions[value.name] = [Decision(str(replicated), "default", "never read: replicated")]
+    return CompletedGraph(graph, strategy, specs, rules, arriving, decisions, constraints)
+
+
+def _place_output(
+    graph: Graph,
+    op: Op,
+    j: int,
+    name: str,
+    rule: RuleResult,
+    inplace: list[int | None],
+    specs: dict[str, DistSpec],
+    decisions: dict[str, list[Decision]],
+    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
+) -> None:
+    produced = rule.output_specs[j]
+    trail = [Decision(str(produced), "producer", rule.reason, op.name)]
+    spec = produced
+    source = inplace[j]
+    if source is not None:
+        state = specs[op.inputs[source]]
+        if state != spec:
+            trail.append(
+                Decision(
+                    str(state),
+                    "inplace",
+                    f"updates {op.inputs[source]!r} in place and keeps its spec {state}",
+                    op.name,
+                )
+            )
+        spec = state
+    slot = constraints.get(name)
+    if slot:
+        wanted = _constrained(spec, slot)
+        if wanted != spec:
+            trail.append(
+                Decision(
+                    str(wanted),
+                    "annotation",
+                    f"annotated {_annotation_text(slot)}; "
+                    f"{op.name!r} produces {spec}, resharded after the op",
+                    op.name,
+                )
+            )
+        else:
+            trail.append(
+                Decision(str(spec), "annotation", f"as annotated {_annotation_text(slot)}")
+            )
+        spec = wanted
+    specs[name] = spec
+    decisions[name] = trail
+
+
+def _hint(
+    graph: Graph,
+    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
+    backward: dict[str, DistSpec],
+    name: str,
+    ndim: int,
+) -> tuple[Placement | None, ...] | None:
+    if name in backward:
+        return backward[name].placements
+    slot = constraints.get(name)
+    if not slot:
+        return None
+    return tuple(slot[k][0] if k in slot else None for k in range(ndim))
+
+
+def _inplace(graph: Graph, op: Op) -> list[int | None]:
+    """For each output, the input it overwrites: attr `inplace`, else a state input alike."""
+    declared = op.attrs.get("inplace")
+    if isinstance(declared, list) and len(declared) == len(op.outputs):
+        return [i if isinstance(i, int) else None for i in declared]
+    out: list[int | None] = []
+    for name in op.outputs:
+        value = graph.value(name)
+        match = None
+        if value.kind in (ValueKind.PARAM, ValueKind.STATE):
+            for i, inp in enumerate(op.inputs):
+                src = graph.value(inp)
+                if src.kind == value.kind and src.type == value.type:
+                    match = i
+                    break
+        out.append(match)
+    return out
+
+
+def _free_producer(graph: Graph, op: Op, constraints: dict[str, Any]) -> bool:
+    """An op whose inputs are all unannotated sources (or that has none)."""
+    for v in op.inputs:
+        value = graph.value(v)
+        if graph.producer(v) is not None or value.kind not in SOURCE_KINDS or v in constraints:
+            return False
+    return True
+
+
+def _backward(
+    graph: Graph,
+    done: CompletedGraph,
+    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
+    backward: dict[str, DistSpec],
+) -> bool:
+    changed = False
+    for op in reversed(graph.ops):
+        if not _free_producer(graph, op, constraints):
+            continue
+        for v in op.outputs:
+            consumers = graph.consumers(v)
+            if not consumers or v in constraints:
+                continue
+            first = consumers[0]
+            need = done.rules[first.name].input_specs[first.inputs.index(v)]
+            if need != done.specs[v] and backward.get(v) != need:
+                backward[v] = need
+                changed = True
+    return changed

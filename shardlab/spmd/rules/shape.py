@@ -1,0 +1,193 @@
+"""Rules for shape ops: `reshape` (a dedicated rule) and the einsum-style data movers.
+
+transpose / permute permute the letters; split and slice keep the cut dim whole (`split`
+has one output per piece); concat keeps the joined dim whole and is affine (all inputs
+partial together). These ops only move data, so every partial op passes through.
+
+reshape follows PyTorch's `view_groups`: input dims and output dims are cut into groups
+whose sizes multiply to the same number (a merge `[H, D] -> [H*D]`, a split `[H*D] -> [H, D]`,
+or both). A sharding of the first (outermost) input dim of a group carries to the first
+output dim of that group when the total shard count divides that output dim: both hold the
+same contiguous run of the group's elements. A sharding of any other dim, or one that does
+not divide, is dropped (the input is required replicated on that mesh axis: a reshard).
+The local kernel reshapes each block to its local output shape (`reshape_local`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from shardlab.ops import attach
+from shardlab.ops.base import attr_int, attr_ints, normalize_dim
+from shardlab.placement import DistSpec, Partial, Placement, Replicate, Shard
+from shardlab.spmd.cost import axis_cost, local_bytes
+from shardlab.spmd.einsum import Signature, solve
+from shardlab.spmd.result import AxisChoice, RuleContext, RuleResult
+
+LETTERS = "abcdefgh"
+#: Data movement commutes with every elementwise reduction of partial values.
+ALL_PARTIALS = frozenset({"sum", "avg", "max", "min"})
+Group = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def view_groups(src: Sequence[int], dst: Sequence[int]) -> list[Group]:
+    """(input dims, output dims) groups of equal element count, left to right.
+
+    A size-1 dim facing a larger one forms a group alone (`((i,), ())` or `((), (o,))`), as in
+    PyTorch's `view_groups`; otherwise the side with the smaller product grows until they agree.
+    """
+    assert math.prod(src) == math.prod(dst), (src, dst)
+    groups: list[Group] = []
+    i = o = 0
+    while i < len(src) or o < len(dst):
+        ins = [i] if i < len(src) else []
+        outs = [o] if o < len(dst) else []
+        f = src[i] if ins else 1
+        t = dst[o] if outs else 1
+        i, o = i + len(ins), o + len(outs)
+        if f == 1 and t != 1:
+            o, outs = o - len(outs), []
+        elif f != 1 and t == 1:
+            i, ins = i - len(ins), []
+        else:
+            while f != t:
+                if f < t:
+                    f, i = f * src[i], i + 1
+                    ins.append(i - 1)
+                else:
+                    t, o = t * dst[o], o + 1
+                    outs.append(o - 1)
+        groups.append((tuple(ins), tuple(outs)))
+    return groups
+
+
+def _group_text(group: Group, src: Sequence[int], dst: Sequence[int]) -> str:
+    ins, outs = group
+    how = "kept" if len(ins) == len(outs) == 1 else "split" if len(ins) == 1 else "merged"
+    if len(ins) > 1 and len(outs) > 1:
+        how = "regrouped"
+    sizes_in = [src[d] for d in ins]
+    sizes_out = [dst[d] for d in outs]
+    return f"{how}: dims {list(ins)} {sizes_in} -> dims {list(outs)} {sizes_out}"
+
+
+def _from_hint(ctx: RuleContext, groups: list[Group]) -> tuple[Placement, ...]:
+    """Input placements that produce the output hint where that is a simple carry."""
+    x = ctx.input_types[0]
+    first_in = {outs[0]: ins[0] for ins, outs in groups if ins and outs}
+    parts: dict[int, int] = {}
+    out: list[Placement] = []
+    for k in range(ctx.mesh.ndim):
+        p = ctx.hint_at(0, k)
+        d = first_in.get(p.dim) if isinstance(p, Shard) else None
+        if d is not None and x.shape[d] % (parts.get(d, 1) * ctx.mesh.shape[k]) == 0:
+            parts[d] = parts.get(d, 1) * ctx.mesh.shape[k]
+            out.append(Shard(d))
+        else:
+            out.append(p if isinstance(p, Partial) else Replicate())
+    return tuple(out)
+
+
+def reshape_rule(ctx: RuleContext) -> RuleResult:
+    """Carry the sharding of each group's outermost input dim; drop the others."""
+    mesh, x, y = ctx.mesh, ctx.input_types[0], ctx.output_types[0]
+    groups = view_groups(x.shape, y.shape)
+    spec = ctx.input_specs[0]
+    arriving = spec.placements if spec is not None else _from_hint(ctx, groups)
+    nbytes = local_bytes(x, spec)
+    driver = 0 if spec is not None else None
+    parts: dict[int, int] = {}  # output dim -> shards so far
+    need: list[Placement] = []
+    made: list[Placement] = []
+    notes: list[str] = []
+    choices: list[AxisChoice] = []
+    for k, (axis, p) in enumerate(zip(mesh.axis_names, arriving, strict=True)):
+        n = mesh.shape[k]
+        if isinstance(p, Partial):
+            need.append(p)
+            made.append(p)
+            notes.append(f"{axis}: stays {p} (reshape only moves data)")
+        elif isinstance(p, Replicate):
+            need.append(p)
+            made.append(p)
+            notes.append(f"{axis}: replicated (the input is not sharded on it)")
+        else:
+            group = next(g for g in groups if p.dim in g[0])
+            what = _group_text(group, x.shape, y.shape)
+            o = group[1][0] if group[1] else None
+            if group[0][0] != p.dim or o is None:
+                why = f"input dim {p.dim} is not the outermost dim of its group ({what})"
+            elif y.shape[o] % (parts.get(o, 1) * n):
+                shards = parts.get(o, 1) * n
+                why = f"output dim {o} (size {y.shape[o]}) does not divide into {shards} shards"
+            else:
+                parts[o] = parts.get(o, 1) * n
+                need.append(p)
+                made.append(Shard(o))
+                notes.append(
+                    f"{axis}: input dim {p.dim} sharded carries to output dim {o} ({what})"
+                )
+                choices.append(AxisChoice(axis, str(Shard(o)), driver, 0.0))
+                continue
+            need.append(Replicate())
+            made.append(Replicate())
+            notes.append(f"{axis}: replicated, sharding dropped: {why} (a reshard)")
+        src = spec.placements[k] if spec is not None else None
+        cost = axis_cost(nbytes, n, src, need[-1])
+        choices.append(AxisChoice(axis, str(made[-1]), driver, cost))
+    sharded = any(isinstance(p, Shard) for p in made)
+    return RuleResult(
+        input_specs=(DistSpec(mesh, tuple(need)),),
+        output_specs=(DistSpec(mesh, tuple(made)),),
+        reason=f"reshape {list(x.shape)} -> {list(y.shape)}: " + "; ".join(notes),
+        kernel="reshape_local" if sharded else "default",
+        choices=tuple(choices),
+    )
+
+
+def _letters(ctx: RuleContext) -> str:
+    return LETTERS[: ctx.input_types[0].rank]
+
+
+def _dim(ctx: RuleContext, key: str = "dim") -> int:
+    rank = ctx.input_types[0].rank
+    return normalize_dim(attr_int(ctx.attrs, key), rank, f"{ctx.kind}: attribute {key!r}")
+
+
+def _moves(ctx: RuleContext, out: str, whole: str = "", affine: bool = False) -> RuleResult:
+    """Solve a data-moving op: each input is `_letters`, each output `out`."""
+    n_in, n_out = len(ctx.input_types), len(ctx.output_types)
+    sig = Signature(
+        inputs=(_letters(ctx),) * n_in,
+        outputs=(out,) * n_out,
+        whole=frozenset(whole),
+        linearity="affine" if affine else "multilinear",
+        passthrough=ALL_PARTIALS,
+    )
+    return solve(ctx, sig)
+
+
+def transpose_rule(ctx: RuleContext) -> RuleResult:
+    letters = list(_letters(ctx))
+    d0, d1 = _dim(ctx, "dim0"), _dim(ctx, "dim1")
+    letters[d0], letters[d1] = letters[d1], letters[d0]
+    return _moves(ctx, "".join(letters))
+
+
+def permute_rule(ctx: RuleContext) -> RuleResult:
+    letters = _letters(ctx)
+    return _moves(ctx, "".join(letters[p] for p in attr_ints(ctx.attrs, "perm")))
+
+
+def cut_rule(ctx: RuleContext) -> RuleResult:
+    """split / slice / concat: the cut or joined dim stays whole, the others follow."""
+    letters = _letters(ctx)
+    return _moves(ctx, letters, whole=letters[_dim(ctx)], affine=ctx.kind == "concat")
+
+
+attach("reshape", spmd_rule=reshape_rule)
+attach("transpose", spmd_rule=transpose_rule)
+attach("permute", spmd_rule=permute_rule)
+for _kind in ("split", "slice", "concat"):
+    attach(_kind, spmd_rule=cut_rule)

@@ -1,0 +1,53 @@
+"""`shardlab complete` and `shardlab explain`."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from shardlab.cli import app
+
+runner = CliRunner()
+SMALL = ["--set", "layers=2"]
+
+
+def test_complete_prints_placements_and_counts() -> None:
+    args = ["complete", "llama3-8b", "--mesh", "dp=8,tp=8", "--template", "dp",
+            "--template", "megatron_tp", *SMALL]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "layers.0.mlp.up_proj.weight" in result.output
+    assert "fallback ops  0" in result.output
+    data = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert data["placements"]["layers.1.mlp.down_proj.weight"] == "RS(0)"
+    assert data["placements"]["tokens"] == "S(0)R"
+    assert data["fallback_ops"] == []
+    assert data["reshards"] > 0
+
+
+def test_complete_with_user_annotations_on_the_seed_demo() -> None:
+    result = runner.invoke(app, ["complete", "mlp_demo", "--mesh", "x=2", "--annotate", "w0=S(1)",
+                                 "--annotate", "w1=S(0)", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    placements = json.loads(result.output)["placements"]
+    assert placements["y"] == "S(1)" and placements["z"] == "P(sum)"
+
+
+def test_explain_names_the_template() -> None:
+    result = runner.invoke(app, ["explain", "llama3-8b", "--mesh", "dp=2,tp=2", "--template", "dp",
+                                 "--template", "megatron_tp", *SMALL, "--value",
+                                 "layers.0.mlp_norm"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("layers.0.mlp_norm: S(0)R")
+    assert "template:megatron_tp" in result.output
+
+
+def test_errors_exit_1_with_the_culprit() -> None:
+    result = runner.invoke(app, ["complete", "mlp_demo", "--mesh", "x=2", "--annotate", "w9=S(0)"])
+    assert result.exit_code == 1 and "matches no value" in result.output
+    result = runner.invoke(app, ["complete", "mlp_demo", "--mesh", "x=3", "--template", "dp"])
+    assert result.exit_code == 1
+    assert "cannot shard dim 0 of 'x' (size 16) over mesh axes x (3)" in result.output
+    result = runner.invoke(app, ["explain", "mlp_demo", "--mesh", "x=2", "--value", "nope"])
+    assert result.exit_code == 1 and "no value 'nope'" in result.output

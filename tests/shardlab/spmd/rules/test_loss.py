@@ -1,0 +1,161 @@
+"""Loss rules: cross_entropy (incl. vocab parallel) and mse_loss, semantics and numerics."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shardlab.spmd  # noqa: F401  (attaches the rules)
+from shardlab.ir import TensorType
+from shardlab.mesh import Mesh
+from shardlab.ops import infer_types
+from shardlab.placement import DistSpec
+from shardlab.spmd import InnerComm, infer
+from shardlab.spmd.check import all_specs, check_rule
+
+MESHES = [
+    Mesh((2,), ("x",)),
+    Mesh((4,), ("x",)),
+    Mesh((2, 2), ("dp", "tp")),
+    Mesh((2, 2, 2), ("pp", "dp", "tp")),
+]
+SAMPLED = 200  # arriving specs drawn at random on the (2, 2, 2) mesh
+TOL = 1e-9
+
+
+def arriving(
+    types: Sequence[TensorType], mesh: Mesh, rng: np.random.Generator
+) -> list[tuple[DistSpec | None, ...]]:
+    """Every combination of arriving specs (None too on 1-D meshes); a sample on 3-D meshes."""
+    options: list[list[DistSpec | None]] = [list(all_specs(t, mesh)) for t in types]
+    if mesh.ndim == 1:
+        options = [[None, *o] for o in options]
+    if mesh.ndim < 3:
+        return list(itertools.product(*options))
+    return [tuple(o[rng.integers(len(o))] for o in options) for _ in range(SAMPLED)]
+
+
+def sweep(
+    kind: str, types: Sequence[TensorType], attrs: dict[str, Any], mesh: Mesh
+) -> Counter[str]:
+    """Check the rule numerically for every arriving combination (every fourth once more
+    with random output hints); the kernels it used."""
+    rng = np.random.default_rng(math.prod(mesh.shape))
+    out_types = infer_types(kind, types, attrs)
+    hint_options = [list(all_specs(t, mesh)) for t in out_types]
+    kernels: Counter[str] = Counter()
+    for n, specs in enumerate(arriving(types, mesh, rng)):
+        hints = [[o[rng.integers(len(o))] for o in hint_options]] if n % 4 == 0 else []
+        for hint in [[], *hints]:
+            check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
+            assert not check.rule.fallback
+            worst = max(check.max_abs_error)
+            where = ([str(s) for s in specs], [str(h) for h in hint], check.rule.reason)
+            assert worst < TOL, (*where, worst)
+            kernels[check.rule.kernel] += 1
+    return kernels
+
+
+def spec(text: str, mesh: Mesh) -> DistSpec:
+    return DistSpec.parse(text, mesh)
+
+
+MESH2 = MESHES[2]
+CE = "cross_entropy"
+REDUCTIONS = ["mean", "sum"]
+CE_CASES = {
+    "tokens": [TensorType((8, 16)), TensorType((8,), "int64")],
+    "batch-seq": [TensorType((2, 4, 8)), TensorType((2, 4), "int32")],
+    "single": [TensorType((16,)), TensorType((), "int64")],
+}
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("case", CE_CASES)
+def test_cross_entropy_every_arriving_spec_matches_one_device(
+    case: str, reduction: str, mesh: Mesh
+) -> None:
+    kernels = sweep(CE, CE_CASES[case], {"reduction": reduction}, mesh)
+    assert kernels["cross_entropy_vocab_parallel"] > 0 and kernels["default"] > 0, kernels
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(8,), (4, 8), (2, 4, 4)], ids=str)
+def test_mse_every_arriving_spec_matches_one_device(
+    shape: tuple[int, ...], reduction: str, mesh: Mesh
+) -> None:
+    t = TensorType(shape)
+    assert sweep("mse_loss", [t, t], {"reduction": reduction}, mesh)["default"] > 0
+
+
+def test_vocab_sharded_cross_entropy_is_partial_sum_with_inner_comms() -> None:
+    logits, labels = TensorType((2, 4, 1024)), TensorType((2, 4), "int64")
+    rule = infer(CE, [logits, labels], [spec("RS(2)", MESH2), None], {}, MESH2)
+    assert [str(s) for s in rule.input_specs] == ["RS(2)", "RR"]
+    assert str(rule.output_specs[0]) == "RP(sum)"
+    assert rule.kernel == "cross_entropy_vocab_parallel"
+    stats = TensorType((2, 4), "float32")
+    assert [(c.kind, c.op, c.axes, c.type) for c in rule.inner_comms] == [
+        ("all_reduce", "max", ("tp",), stats),
+        ("all_reduce", "sum", ("tp",), stats),
+    ]
+    assert all(isinstance(c, InnerComm) and c.reason for c in rule.inner_comms)
+    assert "vocab parallel over tp" in rule.reason
+
+
+def test_batch_sharded_cross_entropy_is_partial_avg_or_sum() -> None:
+    logits, labels = TensorType((8, 1024)), TensorType((8,), "int64")
+    arriving_ = [spec("S(0)R", MESH2), spec("S(0)R", MESH2)]
+    rule = infer(CE, [logits, labels], arriving_, {}, MESH2)
+    assert str(rule.output_specs[0]) == "P(avg)R"
+    assert rule.kernel == "default" and rule.inner_comms == ()
+    summed = infer(CE, [logits, labels], arriving_, {"reduction": "sum"}, MESH2)
+    assert str(summed.output_specs[0]) == "P(sum)R"
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_mixed_batch_and_vocab_sharding(reduction: str) -> None:
+    logits, labels = TensorType((8, 1024)), TensorType((8,), "int64")
+    rng = np.random.default_rng(3)
+    arriving_ = [spec("S(0)S(1)", MESH2), spec("S(0)R", MESH2)]
+    check = check_rule(CE, [logits, labels], arriving_, {"reduction": reduction}, MESH2, rng)
+    batch = "avg" if reduction == "mean" else "sum"
+    assert str(check.rule.output_specs[0]) == f"P({batch})P(sum)"
+    assert check.rule.kernel == "cross_entropy_vocab_parallel"
+    assert [c.axes for c in check.rule.inner_comms] == [("tp",), ("tp",)]
+    assert max(check.max_abs_error) < TOL
+
+
+def test_vocab_over_two_axes_lists_both() -> None:
+    logits, labels = TensorType((4, 1024), "bfloat16"), TensorType((4,), "int64")
+    rule = infer(CE, [logits, labels], [spec("S(1)S(1)", MESH2), None], {}, MESH2)
+    assert str(rule.output_specs[0]) == "P(sum)P(sum)"
+    assert [c.axes for c in rule.inner_comms] == [("dp", "tp")] * 2
+    assert rule.inner_comms[0].type == TensorType((4,), "float32")
+
+
+def test_losses_are_not_linear() -> None:
+    logits, labels = TensorType((8, 16)), TensorType((8,), "int64")
+    rule = infer(CE, [logits, labels], [spec("P(sum)R", MESH2), None], {}, MESH2)
+    assert [str(s) for s in rule.input_specs] == ["RR", "RR"]
+    t = TensorType((4, 8))
+    rule = infer("mse_loss", [t, t], [spec("P(sum)R", MESH2), None], {}, MESH2)
+    assert [str(s) for s in rule.input_specs] == ["RR", "RR"]
+
+
+def test_mse_contracts_every_sharded_dim() -> None:
+    t = TensorType((4, 8))
+    arriving_ = [spec("S(0)S(1)", MESH2), None]
+    rule = infer("mse_loss", [t, t], arriving_, {}, MESH2)
+    assert [str(s) for s in rule.input_specs] == ["S(0)S(1)", "S(0)S(1)"]
+    assert str(rule.output_specs[0]) == "P(avg)P(avg)"
+    summed = infer("mse_loss", [t, t], arriving_, {"reduction": "sum"}, MESH2)
+    assert str(summed.output_specs[0]) == "P(sum)P(sum)"
