@@ -9,6 +9,7 @@ reduced) and compare with the op's kernel on the global inputs.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,84 @@ def all_specs(t: TensorType, mesh: Mesh, partial: bool = True) -> Iterator[DistS
         except PlacementError:  # a combination that does not divide the dims evenly
             continue
         yield DistSpec(mesh, combo)
+
+
+def _arriving_combos(
+    types: Sequence[TensorType],
+    mesh: Mesh,
+    rng: np.random.Generator,
+    sampled: int,
+    free_max_ndim: int | None,
+    pair: tuple[int, int] | None,
+) -> list[tuple[DistSpec | None, ...]]:
+    """The arriving spec combinations `sweep_rule` checks on one mesh."""
+    options: list[list[DistSpec | None]] = [list(all_specs(t, mesh)) for t in types]
+    if free_max_ndim is None or mesh.ndim <= free_max_ndim:
+        options = [[None, *o] for o in options]
+    if mesh.ndim >= 3:
+        return [tuple(o[rng.integers(len(o))] for o in options) for _ in range(sampled)]
+    if pair is None or mesh.ndim < 2:
+        return list(itertools.product(*options))
+    a, b = pair  # every (a, b) pair; the other inputs drawn at random
+    combos = []
+    for x, y in itertools.product(options[a], options[b]):
+        pick = [o[rng.integers(len(o))] for o in options]
+        pick[a], pick[b] = x, y
+        combos.append(tuple(pick))
+    return combos
+
+
+def sweep_rule(
+    kind: str,
+    types: Sequence[TensorType],
+    attrs: Mapping[str, Any],
+    meshes: Sequence[Mesh],
+    *,
+    sampled: int = 300,
+    seed: int = 0,
+    with_hints: bool = True,
+    tol: float = 1e-9,
+    allow_fallback: bool = False,
+    free_max_ndim: int | None = None,
+    pair: tuple[int, int] | None = None,
+) -> Counter[str]:
+    """Check the rule of `kind` numerically (`check_rule`) for many arriving specs.
+
+    On each mesh of fewer than 3 dims, every combination of `[None, *all_specs(t, mesh)]`
+    over the inputs; on meshes of 3 dims or more, `sampled` combinations drawn at random.
+    With `with_hints`, every fourth combination is checked once more with random output
+    hints. `free_max_ndim` offers None (an unconstrained input) only on meshes of at most
+    that many dims; `pair` enumerates, on 2-D meshes, only every combination of those two
+    inputs and draws the others at random (for ops whose full product is too large). One
+    generator seeded with `seed` serves all meshes, so a sweep is reproducible.
+
+    Raises AssertionError naming the kind, arriving specs, hints, reason and error where the
+    rule falls back (unless `allow_fallback`) or an output differs from one device's by
+    `tol` or more. Returns how many checks used each kernel.
+    """
+    rng = np.random.default_rng(seed)
+    out_types = infer_types(kind, list(types), dict(attrs))
+    kernels: Counter[str] = Counter()
+    for mesh in meshes:
+        combos = _arriving_combos(types, mesh, rng, sampled, free_max_ndim, pair)
+        hint_options = [list(all_specs(t, mesh)) for t in out_types]
+        for n, specs in enumerate(combos):
+            extra = with_hints and n % 4 == 0
+            hints = [[o[rng.integers(len(o))] for o in hint_options]] if extra else []
+            for hint in [[], *hints]:
+                check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
+                worst = max(check.max_abs_error, default=0.0)
+                failed = "fallback" if check.rule.fallback and not allow_fallback else ""
+                if not failed and not worst < tol:
+                    failed = f"error not below tol {tol:.3g}"
+                if failed:
+                    raise AssertionError(
+                        f"{kind} on {mesh}: {failed}; arriving {[str(s) for s in specs]}, "
+                        f"hints {[str(h) for h in hint]}, reason {check.rule.reason!r}, "
+                        f"error {worst:.3g}"
+                    )
+                kernels[check.rule.kernel] += 1
+    return kernels
 
 
 def check_completed(completed: Any, seed: int = 0) -> dict[str, float]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,10 +17,9 @@ import pytest
 import shardlab.spmd  # noqa: F401  (attaches the rules)
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
-from shardlab.ops import infer_types
 from shardlab.placement import DistSpec
 from shardlab.spmd import infer
-from shardlab.spmd.check import all_specs, check_rule
+from shardlab.spmd.check import all_specs, check_rule, sweep_rule
 
 MESHES = [
     Mesh((2,), ("x",)),
@@ -34,52 +31,9 @@ SAMPLED = 200  # arriving specs drawn at random on the (2, 2, 2) mesh
 TOL = 1e-9
 
 
-def arriving(
-    types: Sequence[TensorType],
-    mesh: Mesh,
-    rng: np.random.Generator,
-    pairs_only: tuple[int, int] | None = None,
-) -> list[tuple[DistSpec | None, ...]]:
-    """Every combination of arriving specs (None too on 1-D meshes); a sample on 3-D meshes."""
-    options: list[list[DistSpec | None]] = [list(all_specs(t, mesh)) for t in types]
-    if mesh.ndim == 1:
-        options = [[None, *o] for o in options]
-    if mesh.ndim < 3 and (pairs_only is None or mesh.ndim == 1):
-        return list(itertools.product(*options))
-    if mesh.ndim == 2 and pairs_only is not None:
-        a, b = pairs_only  # every (a, b) pair; the other inputs drawn at random
-        combos = []
-        for x, y in itertools.product(options[a], options[b]):
-            pick = [o[rng.integers(len(o))] for o in options]
-            pick[a], pick[b] = x, y
-            combos.append(tuple(pick))
-        return combos
-    return [tuple(o[rng.integers(len(o))] for o in options) for _ in range(SAMPLED)]
-
-
-def sweep(
-    kind: str,
-    types: Sequence[TensorType],
-    attrs: dict[str, Any],
-    mesh: Mesh,
-    pairs_only: tuple[int, int] | None = None,
-) -> Counter[str]:
-    """Check the rule numerically for every arriving combination (every fourth once more
-    with random output hints); the kernels it used."""
-    rng = np.random.default_rng(math.prod(mesh.shape))
-    out_types = infer_types(kind, types, attrs)
-    hint_options = [list(all_specs(t, mesh)) for t in out_types]
-    kernels: Counter[str] = Counter()
-    for n, specs in enumerate(arriving(types, mesh, rng, pairs_only)):
-        hints = [[o[rng.integers(len(o))] for o in hint_options]] if n % 4 == 0 else []
-        for hint in [[], *hints]:
-            check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
-            assert not check.rule.fallback
-            worst = max(check.max_abs_error)
-            where = ([str(s) for s in specs], [str(h) for h in hint], check.rule.reason)
-            assert worst < TOL, (*where, worst)
-            kernels[check.rule.kernel] += 1
-    return kernels
+def options(mesh: Mesh) -> dict[str, Any]:
+    """`sweep_rule` options: a seed per mesh, None arriving on 1-D meshes only."""
+    return {"sampled": SAMPLED, "seed": math.prod(mesh.shape), "free_max_ndim": 1}
 
 
 def spec(text: str, mesh: Mesh) -> DistSpec:
@@ -106,7 +60,7 @@ SDPA_CASES = {
 @pytest.mark.parametrize("case", SDPA_CASES)
 def test_sdpa_every_arriving_spec_matches_one_device(case: str, mesh: Mesh) -> None:
     types, attrs = SDPA_CASES[case]
-    kernels = sweep(SDPA, types, attrs, mesh, pairs_only=(0, 1))
+    kernels = sweep_rule(SDPA, types, attrs, [mesh], pair=(0, 1), **options(mesh))
     assert kernels["default"] > 0
     if attrs.get("causal", True):
         assert kernels["attention_query_offset"] > 0, kernels
@@ -119,7 +73,7 @@ ROTARY = [TensorType((4, 8, 4, 4)), TensorType((8, 2)), TensorType((8, 2))]
 
 @pytest.mark.parametrize("mesh", MESHES, ids=str)
 def test_rotary_every_arriving_spec_matches_one_device(mesh: Mesh) -> None:
-    assert sweep("rotary_embedding", ROTARY, {}, mesh)["default"] > 0
+    assert sweep_rule("rotary_embedding", ROTARY, {}, [mesh], **options(mesh))["default"] > 0
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=str)

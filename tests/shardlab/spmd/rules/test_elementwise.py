@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,43 +14,17 @@ import shardlab.spmd  # noqa: F401  (attaches the rules)
 import shardlab.spmd.check as check_module
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
-from shardlab.ops import infer_types
 from shardlab.ops.base import Array
 from shardlab.placement import DistSpec
 from shardlab.spmd import infer
-from shardlab.spmd.check import all_specs, check_rule
+from shardlab.spmd.check import all_specs, check_rule, sweep_rule
 from shardlab.spmd.result import RuleResult
 
 MESHES = [Mesh((2,), ("x",)), Mesh((4,), ("x",)), Mesh((2, 2), ("dp", "tp"))]
 CUBE = Mesh((2, 2, 2), ("x", "y", "z"))
-SAMPLED = 300
+ALL_MESHES = [*MESHES, CUBE]
 TOL = 1e-9
 X = TensorType((8, 4, 8))
-
-
-def sweep(kind: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> int:
-    """Every arriving combination (None too) on MESHES, a seeded sample on CUBE; every
-    fourth once more with random output hints. Returns the number of checks."""
-    rng = np.random.default_rng(0)
-    out_types = infer_types(kind, list(types), attrs)
-    count = 0
-    for mesh in [*MESHES, CUBE]:
-        options = [[None, *all_specs(t, mesh)] for t in types]
-        combos = (
-            [tuple(o[rng.integers(len(o))] for o in options) for _ in range(SAMPLED)]
-            if mesh is CUBE
-            else list(itertools.product(*options))
-        )
-        hint_options = [list(all_specs(t, mesh)) for t in out_types]
-        for n, specs in enumerate(combos):
-            hints = [[o[rng.integers(len(o))] for o in hint_options]] if n % 4 == 0 else []
-            for hint in [[], *hints]:
-                check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
-                assert check.rule.fallback is False
-                where = [str(s) for s in specs], [str(h) for h in hint], check.rule.reason
-                assert max(check.max_abs_error) < TOL, where
-                count += 1
-    return count
 
 
 def rule(
@@ -93,12 +66,12 @@ UNARY = [
 @pytest.mark.parametrize("kind", ["add", "sub", "mul", "div"])
 @pytest.mark.parametrize("types", BROADCASTS, ids=str)
 def test_binary_ops_match_one_device(kind: str, types: list[TensorType]) -> None:
-    assert sweep(kind, types, {}) > 300
+    assert sweep_rule(kind, types, {}, ALL_MESHES).total() > 300
 
 
 @pytest.mark.parametrize(("kind", "attrs"), UNARY, ids=str)
 def test_unary_ops_match_one_device(kind: str, attrs: dict[str, Any]) -> None:
-    sweep(kind, [X], attrs)
+    sweep_rule(kind, [X], attrs, ALL_MESHES)
 
 
 @pytest.mark.parametrize("kind", ["log", "sqrt", "rsqrt"])
@@ -111,7 +84,7 @@ def test_unary_ops_of_positive_inputs_match_one_device(
         return [0.5 + rng.random(t.shape) for t in types]
 
     monkeypatch.setattr(check_module, "random_inputs", positive)
-    sweep(kind, [TensorType((8, 4))], {})
+    sweep_rule(kind, [TensorType((8, 4))], {}, ALL_MESHES)
 
 
 def test_add_of_partial_sums_stays_partial() -> None:
@@ -166,7 +139,7 @@ def test_random_broadcast_adds_match_one_device(
     pair: tuple[TensorType, TensorType], data: st.DataObject
 ) -> None:
     kind = data.draw(st.sampled_from(["add", "mul", "sub"]))
-    mesh = data.draw(st.sampled_from([*MESHES, CUBE]))
+    mesh = data.draw(st.sampled_from(ALL_MESHES))
     arriving = [data.draw(st.sampled_from([None, *all_specs(t, mesh)])) for t in pair]
     check = check_rule(kind, list(pair), arriving, {}, mesh, np.random.default_rng(0))
     assert check.rule.fallback is False

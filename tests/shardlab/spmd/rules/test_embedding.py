@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pytest
 
 import shardlab.spmd  # noqa: F401  (attaches the rules)
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
-from shardlab.ops import infer_types
 from shardlab.placement import DistSpec
 from shardlab.spmd import infer
-from shardlab.spmd.check import all_specs, check_rule
+from shardlab.spmd.check import all_specs, sweep_rule
 
 MESHES = [
     Mesh((2,), ("x",)),
@@ -26,40 +21,11 @@ MESHES = [
     Mesh((2, 2, 2), ("pp", "dp", "tp")),
 ]
 SAMPLED = 200  # arriving specs drawn at random on the (2, 2, 2) mesh
-TOL = 1e-9
 
 
-def arriving(
-    types: Sequence[TensorType], mesh: Mesh, rng: np.random.Generator
-) -> list[tuple[DistSpec | None, ...]]:
-    """Every combination of arriving specs (None too on 1-D meshes); a sample on 3-D meshes."""
-    options: list[list[DistSpec | None]] = [list(all_specs(t, mesh)) for t in types]
-    if mesh.ndim == 1:
-        options = [[None, *o] for o in options]
-    if mesh.ndim < 3:
-        return list(itertools.product(*options))
-    return [tuple(o[rng.integers(len(o))] for o in options) for _ in range(SAMPLED)]
-
-
-def sweep(
-    kind: str, types: Sequence[TensorType], attrs: dict[str, Any], mesh: Mesh
-) -> Counter[str]:
-    """Check the rule numerically for every arriving combination (every fourth once more
-    with random output hints); the kernels it used."""
-    rng = np.random.default_rng(math.prod(mesh.shape))
-    out_types = infer_types(kind, types, attrs)
-    hint_options = [list(all_specs(t, mesh)) for t in out_types]
-    kernels: Counter[str] = Counter()
-    for n, specs in enumerate(arriving(types, mesh, rng)):
-        hints = [[o[rng.integers(len(o))] for o in hint_options]] if n % 4 == 0 else []
-        for hint in [[], *hints]:
-            check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
-            assert not check.rule.fallback
-            worst = max(check.max_abs_error)
-            where = ([str(s) for s in specs], [str(h) for h in hint], check.rule.reason)
-            assert worst < TOL, (*where, worst)
-            kernels[check.rule.kernel] += 1
-    return kernels
+def options(mesh: Mesh) -> dict[str, Any]:
+    """`sweep_rule` options: a seed per mesh, None arriving on 1-D meshes only."""
+    return {"sampled": SAMPLED, "seed": math.prod(mesh.shape), "free_max_ndim": 1}
 
 
 def spec(text: str, mesh: Mesh) -> DistSpec:
@@ -77,7 +43,7 @@ MESH2 = MESHES[2]
     "ids", [TensorType((8,), "int64"), IDS, TensorType((2, 2, 4), "int32")], ids=str
 )
 def test_every_arriving_spec_matches_one_device(ids: TensorType, mesh: Mesh) -> None:
-    kernels = sweep("embedding", [ids, TABLE], {}, mesh)
+    kernels = sweep_rule("embedding", [ids, TABLE], {}, [mesh], **options(mesh))
     assert kernels["embedding_vocab_parallel"] > 0 and kernels["default"] > 0, kernels
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,42 +13,16 @@ from hypothesis import strategies as st
 import shardlab.spmd  # noqa: F401  (attaches the rules)
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
-from shardlab.ops import infer_types
 from shardlab.placement import DistSpec
 from shardlab.spmd import infer
-from shardlab.spmd.check import all_specs, check_rule
+from shardlab.spmd.check import all_specs, check_rule, sweep_rule
 from shardlab.spmd.result import RuleResult
 
 MESHES = [Mesh((2,), ("x",)), Mesh((4,), ("x",)), Mesh((2, 2), ("dp", "tp"))]
 CUBE = Mesh((2, 2, 2), ("x", "y", "z"))
-SAMPLED = 300
+ALL_MESHES = [*MESHES, CUBE]
 TOL = 1e-9
 M = TensorType((8, 8))
-
-
-def sweep(kind: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> int:
-    """Every arriving combination (None too) on MESHES, a seeded sample on CUBE; every
-    fourth once more with random output hints. Returns the number of checks."""
-    rng = np.random.default_rng(0)
-    out_types = infer_types(kind, list(types), attrs)
-    count = 0
-    for mesh in [*MESHES, CUBE]:
-        options = [[None, *all_specs(t, mesh)] for t in types]
-        combos = (
-            [tuple(o[rng.integers(len(o))] for o in options) for _ in range(SAMPLED)]
-            if mesh is CUBE
-            else list(itertools.product(*options))
-        )
-        hint_options = [list(all_specs(t, mesh)) for t in out_types]
-        for n, specs in enumerate(combos):
-            hints = [[o[rng.integers(len(o))] for o in hint_options]] if n % 4 == 0 else []
-            for hint in [[], *hints]:
-                check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
-                assert check.rule.fallback is False
-                where = [str(s) for s in specs], [str(h) for h in hint], check.rule.reason
-                assert max(check.max_abs_error) < TOL, where
-                count += 1
-    return count
 
 
 def rule(
@@ -82,7 +55,7 @@ CASES = [
 def test_linalg_matches_one_device(
     kind: str, types: list[TensorType], attrs: dict[str, Any]
 ) -> None:
-    assert sweep(kind, types, attrs) > 300
+    assert sweep_rule(kind, types, attrs, ALL_MESHES).total() > 300
 
 
 def test_contracted_shards_give_partial_sums() -> None:
@@ -131,7 +104,7 @@ def test_random_matmuls_match_one_device(
 ) -> None:
     b_batch = batch[data.draw(st.integers(0, len(batch))) :]
     types = [TensorType((*batch, m, k)), TensorType((*b_batch, k, n))]
-    mesh = data.draw(st.sampled_from([*MESHES, CUBE]))
+    mesh = data.draw(st.sampled_from(ALL_MESHES))
     arriving = [data.draw(st.sampled_from([None, *all_specs(t, mesh)])) for t in types]
     check = check_rule("matmul", types, arriving, {}, mesh, np.random.default_rng(0))
     assert check.rule.fallback is False

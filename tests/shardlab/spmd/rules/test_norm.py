@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,41 +10,15 @@ from hypothesis import strategies as st
 import shardlab.spmd  # noqa: F401  (attaches the rules)
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
-from shardlab.ops import infer_types
 from shardlab.placement import DistSpec
 from shardlab.spmd import infer
-from shardlab.spmd.check import all_specs, check_rule
+from shardlab.spmd.check import all_specs, check_rule, sweep_rule
 from shardlab.spmd.result import RuleResult
 
 MESHES = [Mesh((2,), ("x",)), Mesh((4,), ("x",)), Mesh((2, 2), ("dp", "sp"))]
 CUBE = Mesh((2, 2, 2), ("x", "y", "z"))
-SAMPLED = 300
+ALL_MESHES = [*MESHES, CUBE]
 TOL = 1e-9
-
-
-def sweep(kind: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> int:
-    """Every arriving combination (None too) on MESHES, a seeded sample on CUBE; every
-    fourth once more with random output hints. Returns the number of checks."""
-    rng = np.random.default_rng(0)
-    out_types = infer_types(kind, list(types), attrs)
-    count = 0
-    for mesh in [*MESHES, CUBE]:
-        options = [[None, *all_specs(t, mesh)] for t in types]
-        combos = (
-            [tuple(o[rng.integers(len(o))] for o in options) for _ in range(SAMPLED)]
-            if mesh is CUBE
-            else list(itertools.product(*options))
-        )
-        hint_options = [list(all_specs(t, mesh)) for t in out_types]
-        for n, specs in enumerate(combos):
-            hints = [[o[rng.integers(len(o))] for o in hint_options]] if n % 4 == 0 else []
-            for hint in [[], *hints]:
-                check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
-                assert check.rule.fallback is False
-                where = [str(s) for s in specs], [str(h) for h in hint], check.rule.reason
-                assert max(check.max_abs_error) < TOL, where
-                count += 1
-    return count
 
 
 def norm_types(kind: str, shape: tuple[int, ...]) -> list[TensorType]:
@@ -71,7 +41,7 @@ def specs(result: RuleResult) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("shape", [(8, 8, 4), (8, 4)])
 def test_norms_match_one_device(kind: str, shape: tuple[int, ...]) -> None:
-    assert sweep(kind, norm_types(kind, shape), {"eps": 1e-5}) > 300
+    assert sweep_rule(kind, norm_types(kind, shape), {"eps": 1e-5}, ALL_MESHES).total() > 300
 
 
 def test_rms_norm_keeps_sequence_sharding() -> None:
@@ -110,7 +80,7 @@ def test_partial_inputs_are_resolved(kind: str) -> None:
 )
 def test_random_norms_match_one_device(kind: str, shape: list[int], data: st.DataObject) -> None:
     types = norm_types(kind, tuple(shape))
-    mesh = data.draw(st.sampled_from([*MESHES, CUBE]))
+    mesh = data.draw(st.sampled_from(ALL_MESHES))
     arriving = [data.draw(st.sampled_from([None, *all_specs(t, mesh)])) for t in types]
     check = check_rule(kind, types, arriving, {}, mesh, np.random.default_rng(0))
     assert check.rule.fallback is False

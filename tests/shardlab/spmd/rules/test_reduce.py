@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,42 +12,16 @@ from hypothesis import strategies as st
 import shardlab.spmd  # noqa: F401  (attaches the rules)
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
-from shardlab.ops import infer_types
 from shardlab.placement import DistSpec
 from shardlab.spmd import infer
-from shardlab.spmd.check import all_specs, check_rule
+from shardlab.spmd.check import all_specs, check_rule, sweep_rule
 from shardlab.spmd.result import RuleResult
 
 MESHES = [Mesh((2,), ("x",)), Mesh((4,), ("x",)), Mesh((2, 2), ("x", "y"))]
 CUBE = Mesh((2, 2, 2), ("x", "y", "z"))
-SAMPLED = 300
+ALL_MESHES = [*MESHES, CUBE]
 TOL = 1e-9
 X = TensorType((8, 8, 4))
-
-
-def sweep(kind: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> int:
-    """Every arriving combination (None too) on MESHES, a seeded sample on CUBE; every
-    fourth once more with random output hints. Returns the number of checks."""
-    rng = np.random.default_rng(0)
-    out_types = infer_types(kind, list(types), attrs)
-    count = 0
-    for mesh in [*MESHES, CUBE]:
-        options = [[None, *all_specs(t, mesh)] for t in types]
-        combos = (
-            [tuple(o[rng.integers(len(o))] for o in options) for _ in range(SAMPLED)]
-            if mesh is CUBE
-            else list(itertools.product(*options))
-        )
-        hint_options = [list(all_specs(t, mesh)) for t in out_types]
-        for n, specs in enumerate(combos):
-            hints = [[o[rng.integers(len(o))] for o in hint_options]] if n % 4 == 0 else []
-            for hint in [[], *hints]:
-                check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
-                assert check.rule.fallback is False
-                where = [str(s) for s in specs], [str(h) for h in hint], check.rule.reason
-                assert max(check.max_abs_error) < TOL, where
-                count += 1
-    return count
 
 
 def rule(kind: str, text: str, attrs: dict[str, Any], mesh: Mesh = MESHES[2]) -> RuleResult:
@@ -73,18 +45,18 @@ REDUCE_CASES = [
 @pytest.mark.parametrize("kind", ["sum", "mean", "max"])
 @pytest.mark.parametrize("attrs", REDUCE_CASES, ids=str)
 def test_reductions_match_one_device(kind: str, attrs: dict[str, Any]) -> None:
-    assert sweep(kind, [X], attrs) > 300
+    assert sweep_rule(kind, [X], attrs, ALL_MESHES).total() > 300
 
 
 @pytest.mark.parametrize("kind", ["sum", "max"])
 def test_integer_reductions_match_one_device(kind: str) -> None:
-    sweep(kind, [TensorType((8, 4), "int64")], {"dims": [0]})
+    sweep_rule(kind, [TensorType((8, 4), "int64")], {"dims": [0]}, ALL_MESHES)
 
 
 @pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("dim", [-1, 1, 0])
 def test_softmax_matches_one_device(kind: str, dim: int) -> None:
-    sweep(kind, [X], {"dim": dim})
+    sweep_rule(kind, [X], {"dim": dim}, ALL_MESHES)
 
 
 @pytest.mark.parametrize(("kind", "op"), [("sum", "sum"), ("mean", "avg"), ("max", "max")])
@@ -153,7 +125,7 @@ def test_random_reductions_match_one_device(shape: list[int], data: st.DataObjec
     else:
         picked = sorted(normalized) if len(normalized) == len(dims) and dims else None
         attrs = {"dims": picked, "keepdim": data.draw(st.booleans())}
-    mesh = data.draw(st.sampled_from([*MESHES, CUBE]))
+    mesh = data.draw(st.sampled_from(ALL_MESHES))
     spec = data.draw(st.sampled_from([None, *all_specs(x, mesh)]))
     check = check_rule(kind, [x], [spec], attrs, mesh, np.random.default_rng(0))
     assert check.rule.fallback is False

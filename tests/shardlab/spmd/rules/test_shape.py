@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -15,43 +14,17 @@ from hypothesis import strategies as st
 import shardlab.spmd  # noqa: F401  (attaches the rules)
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
-from shardlab.ops import infer_types
 from shardlab.placement import DistSpec
 from shardlab.spmd import infer
-from shardlab.spmd.check import all_specs, check_rule
+from shardlab.spmd.check import all_specs, check_rule, sweep_rule
 from shardlab.spmd.result import RuleResult
 from shardlab.spmd.rules.shape import view_groups
 
 MESHES = [Mesh((2,), ("x",)), Mesh((4,), ("x",)), Mesh((2, 2), ("dp", "tp"))]
 CUBE = Mesh((2, 2, 2), ("x", "y", "z"))
-SAMPLED = 300
+ALL_MESHES = [*MESHES, CUBE]
 TOL = 1e-9
 X = TensorType((8, 4, 16))
-
-
-def sweep(kind: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> int:
-    """Every arriving combination (None too) on MESHES, a seeded sample on CUBE; every
-    fourth once more with random output hints. Returns the number of checks."""
-    rng = np.random.default_rng(0)
-    out_types = infer_types(kind, list(types), attrs)
-    count = 0
-    for mesh in [*MESHES, CUBE]:
-        options = [[None, *all_specs(t, mesh)] for t in types]
-        combos = (
-            [tuple(o[rng.integers(len(o))] for o in options) for _ in range(SAMPLED)]
-            if mesh is CUBE
-            else list(itertools.product(*options))
-        )
-        hint_options = [list(all_specs(t, mesh)) for t in out_types]
-        for n, specs in enumerate(combos):
-            hints = [[o[rng.integers(len(o))] for o in hint_options]] if n % 4 == 0 else []
-            for hint in [[], *hints]:
-                check = check_rule(kind, types, specs, attrs, mesh, rng, hint)
-                assert check.rule.fallback is False
-                where = [str(s) for s in specs], [str(h) for h in hint], check.rule.reason
-                assert max(check.max_abs_error) < TOL, where
-                count += 1
-    return count
 
 
 def rule(
@@ -90,7 +63,7 @@ CASES = [
 def test_shape_ops_match_one_device(
     kind: str, types: list[TensorType], attrs: dict[str, Any]
 ) -> None:
-    assert sweep(kind, types, attrs) > 300
+    assert sweep_rule(kind, types, attrs, ALL_MESHES).total() > 300
 
 
 def test_reshape_split_heads_keeps_the_sharding() -> None:
@@ -227,7 +200,7 @@ def test_random_reshapes_match_one_device(data: st.DataObject) -> None:
     for ins, outs in groups:
         assert math.prod(src[d] for d in ins) == math.prod(dst[d] for d in outs)
     x = TensorType(tuple(src))
-    mesh = data.draw(st.sampled_from([*MESHES, CUBE]))
+    mesh = data.draw(st.sampled_from(ALL_MESHES))
     spec = data.draw(st.sampled_from([None, *all_specs(x, mesh)]))
     check = check_rule("reshape", [x], [spec], {"shape": dst}, mesh, np.random.default_rng(0))
     assert check.rule.fallback is False
@@ -242,7 +215,7 @@ def test_random_reshapes_match_one_device(data: st.DataObject) -> None:
 def test_random_permutes_match_one_device(shape: list[int], data: st.DataObject) -> None:
     x = TensorType(tuple(shape))
     perm = data.draw(st.permutations(range(len(shape))))
-    mesh = data.draw(st.sampled_from([*MESHES, CUBE]))
+    mesh = data.draw(st.sampled_from(ALL_MESHES))
     spec = data.draw(st.sampled_from([None, *all_specs(x, mesh)]))
     check = check_rule("permute", [x], [spec], {"perm": perm}, mesh, np.random.default_rng(0))
     assert max(check.max_abs_error) < TOL, (shape, perm, str(spec), check.rule.reason)
