@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from shardlab.ir import Graph, Op, TensorType
 from shardlab.ops import (  # noqa: F401  (imported to register their kinds)
     attention,
+    autodiff_ops,
     elementwise,
     embedding,
     linalg,

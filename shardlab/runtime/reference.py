@@ -47,6 +47,7 @@ def index_bound(graph: Graph, value: str) -> int | None:
 def make_feeds(graph: Graph, seed: int = 0, compute_dtype: str = "float64") -> dict[str, Array]:
     """Seeded data for every source value of `graph`.
 
+    Optimizer state (kind `state`) starts at zero.
     Floats: inputs ~ N(0, 1); matrices ~ N(0, 1/fan_in) with fan_in = dim 0; vectors
     ~ 1 + N(0, 0.1^2) (norm weights). Integers: uniform in [0, index bound), [0, 2) when
     no consumer indexes with them.
@@ -58,7 +59,9 @@ def make_feeds(graph: Graph, seed: int = 0, compute_dtype: str = "float64") -> d
         t = value.type
         dtype = numpy_dtype(t, compute_dtype)
         data: Array
-        if t.is_float:
+        if t.is_float and value.kind == ValueKind.STATE:
+            data = np.zeros(t.shape)  # optimizer state starts at zero, as in torch.optim
+        elif t.is_float:
             data = rng.standard_normal(t.shape)
             if value.kind != ValueKind.INPUT and t.rank >= 2:
                 data /= np.sqrt(t.shape[0])

@@ -156,3 +156,13 @@ def test_bad_feeds_and_unrunnable_ops_are_named() -> None:
     )
     with pytest.raises(ExecutionError, match=r"op 'custom' \(opaque\):.*reference"):
         run_reference(opaque)
+
+
+def test_optimizer_state_starts_at_zero_and_a_training_step_is_finite() -> None:
+    from shardlab.autodiff import training_graph
+
+    tg = training_graph(build_model("mlp_demo"), optimizer="adamw", lr=1e-2)
+    feeds = make_feeds(tg)
+    assert np.all(feeds["w0.exp_avg_sq"] == 0)
+    env = run_reference(tg)
+    assert np.all(np.isfinite(env["w0.new"]))
