@@ -1,11 +1,23 @@
 """Shardlab: plan, cost and verify how a model is split across a device mesh."""
 
+from typing import Any
+
 from shardlab.errors import ShardlabError
 from shardlab.ir import Graph, Op, OpRole, TensorType, Value, ValueKind
 from shardlab.mesh import Mesh
 from shardlab.placement import DistSpec, Partial, Replicate, Shard
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """`shardlab.verify` is imported on first use (it pulls in the whole pipeline)."""
+    if name == "verify":
+        from shardlab.runtime.verify import verify
+
+        return verify
+    raise AttributeError(f"module 'shardlab' has no attribute {name!r}")
+
 
 __all__ = [
     "DistSpec",

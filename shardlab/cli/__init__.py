@@ -5,7 +5,12 @@
 and exit with status 1.
 """
 
-from shardlab.cli import model_cmds, serve_cmd, sharding_cmds  # noqa: F401  (register commands)
+from shardlab.cli import (  # noqa: F401  (register commands)
+    model_cmds,
+    serve_cmd,
+    sharding_cmds,
+    verify_cmd,
+)
 from shardlab.cli.common import app
 
 __all__ = ["app"]
