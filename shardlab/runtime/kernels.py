@@ -13,7 +13,9 @@ or to combine partial statistics with the other ranks mid-op:
 - `cross_entropy_vocab_parallel`: all-reduce the max and the sum of exponentials over the
   vocab-sharding axes (declared as `InnerComm`s), then emit this rank's partial loss;
 - `attention_query_offset`: causal attention whose query block starts at a global offset;
-- `reshape_local`: reshape to this rank's local output shape (attr `shape` is global).
+- `reshape_local`: reshape to this rank's local output shape (attr `shape` is global);
+- `shape_attr_local`: run the op with its `shape` attr replaced by the local output shape
+  (broadcast_to);
 
 A kernel returns its outputs, or is a generator that yields `CollectiveRequest`s and receives
 each reduced array back (the runtime fulfils them: in lockstep on the simulated mesh, with
@@ -22,6 +24,7 @@ torch.distributed on real ranks).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
@@ -144,6 +147,29 @@ def reshape_local(kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContex
     return [np.reshape(xs[0], local_shape(ctx.output_types[0].shape, ctx.mesh, spec.placements))]
 
 
+def shape_attr_local(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """The op's `shape` attr names the global output; each rank produces its block's shape."""
+    impl = get_op(kind).numpy_impl
+    assert impl is not None, kind
+    spec = ctx.output_specs[0]
+    shape = local_shape(ctx.output_types[0].shape, ctx.mesh, spec.placements)
+    return impl(xs, {**attrs, "shape": list(shape)})
+
+
+def cross_entropy_grad_sharded(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """A mean-reduced loss divides by the global token count, not the local one."""
+    impl = get_op(kind).numpy_impl
+    assert impl is not None, kind
+    (dlogits,) = impl(xs, attrs)
+    if attrs.get("reduction", "mean") == "mean":
+        dlogits = dlogits * (xs[1].size / math.prod(ctx.input_types[1].shape))
+    return [dlogits]
+
+
 KERNELS: dict[str, Kernel] = {
     "default": default_kernel,
     "replicated": replicated_kernel,
@@ -151,4 +177,6 @@ KERNELS: dict[str, Kernel] = {
     "cross_entropy_vocab_parallel": cross_entropy_vocab_parallel,
     "attention_query_offset": attention_query_offset,
     "reshape_local": reshape_local,
+    "shape_attr_local": shape_attr_local,
+    "cross_entropy_grad_sharded": cross_entropy_grad_sharded,
 }

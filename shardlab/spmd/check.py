@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
 from shardlab.ops import get_op, infer_types
 from shardlab.ops.base import Array
+from shardlab.ops.reduce import reduce_dims
 from shardlab.placement import (
     DistSpec,
     Partial,
@@ -58,7 +59,28 @@ def random_inputs(
             out.append(rng.integers(0, 2, t.shape).astype(bool))
         else:
             out.append(rng.integers(0, bounds.get(i, 2), t.shape))
-    return out
+    fix = CONSISTENT_INPUTS.get(kind)
+    return fix(out, attrs) if fix else out
+
+
+def _max_of_x(xs: list[Array], attrs: Mapping[str, Any]) -> list[Array]:
+    """max_grad's y must be the max of x, or no position is a maximum."""
+    dims = reduce_dims(xs[0].ndim, attrs, "max_grad")
+    xs[1] = np.max(xs[0], axis=dims, keepdims=bool(attrs.get("keepdim", False)))
+    return xs
+
+
+def _nonnegative_second_moment(xs: list[Array], attrs: Mapping[str, Any]) -> list[Array]:
+    """AdamW's exp_avg_sq is a running mean of squares: never negative."""
+    xs[3] = np.abs(xs[3])
+    return xs
+
+
+#: Kinds whose random inputs must agree with each other to be meaningful.
+CONSISTENT_INPUTS: dict[str, Callable[[list[Array], Mapping[str, Any]], list[Array]]] = {
+    "max_grad": _max_of_x,
+    "adamw": _nonnegative_second_moment,
+}
 
 
 def check_rule(

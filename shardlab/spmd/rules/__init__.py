@@ -2,6 +2,7 @@
 
 from shardlab.spmd.rules import (  # noqa: F401
     attention,
+    backward,
     elementwise,
     embedding,
     linalg,
