@@ -11,11 +11,16 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """`shardlab.verify` is imported on first use (it pulls in the whole pipeline)."""
+    """`shardlab.plan` and `shardlab.verify` are imported on first use (they pull in the whole
+    pipeline). `shardlab.plan` is the module `shardlab/plan.py`, callable as `build_plan`."""
     if name == "verify":
         from shardlab.runtime.verify import verify
 
         return verify
+    if name == "plan":
+        import shardlab.plan
+
+        return shardlab.plan
     raise AttributeError(f"module 'shardlab' has no attribute {name!r}")
 
 

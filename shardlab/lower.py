@@ -44,8 +44,12 @@ class _Builder:
         self.specs[program_value] = spec
         self.versions[(serial, spec)] = program_value
 
-    def reshard(self, serial: str, src: str, dst: DistSpec, why: str) -> str:
-        """The program value holding `serial` in `dst`, inserting comm ops once."""
+    def reshard(self, serial: str, src: str, dst: DistSpec, why: str, consumer: str) -> str:
+        """The program value holding `serial` in `dst`, inserting comm ops once.
+
+        `consumer` names who asked: an op kind, or "placement" when completion placed an
+        output differently from what its rule produced.
+        """
         cached = self.versions.get((serial, dst))
         if cached is not None:
             return cached
@@ -63,8 +67,9 @@ class _Builder:
             )
             name = f"{step.kind}:{out}"
             stream = f"comm:{step.axis}"
+            attrs = {"value": serial, "from": str(have), "to": str(dst), "consumer": consumer}
             op = DistOp(name, step.kind, (current,), (out,), stream, OpRole.COMM, comm=step)
-            self.add(replace(op, reason=reason))
+            self.add(replace(op, reason=reason, attrs=attrs))
             self.types[out] = t
             self.specs[out] = spec
             current = out
@@ -93,7 +98,7 @@ def lower(done: CompletedGraph) -> DistProgram:
         inputs = []
         for v, need in zip(op.inputs, rule.input_specs, strict=True):
             why = f"op {op.name!r} ({op.kind}) needs it as {need}: {rule.reason}"
-            inputs.append(b.reshard(v, current[v], need, why))
+            inputs.append(b.reshard(v, current[v], need, why, op.kind))
         outputs = []
         for v, produced in zip(op.outputs, rule.output_specs, strict=True):
             name = v if done.specs[v] == produced else f"{v}~{produced}"
@@ -112,7 +117,7 @@ def lower(done: CompletedGraph) -> DistProgram:
         for v, name in zip(op.outputs, outputs, strict=True):
             if name != v:
                 why = f"completion places {v!r} as {done.specs[v]} (annotation or in-place state)"
-                final = b.reshard(v, name, done.specs[v], why)
+                final = b.reshard(v, name, done.specs[v], why, "placement")
                 b.versions[(v, done.specs[v])] = final
                 current[v] = final
             else:

@@ -7,6 +7,7 @@ and exit with status 1.
 
 from shardlab.cli import (  # noqa: F401  (register commands)
     model_cmds,
+    plan_cmd,
     serve_cmd,
     sharding_cmds,
     verify_cmd,

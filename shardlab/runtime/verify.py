@@ -1,6 +1,6 @@
 """Verification: one training step of a plan on the simulated mesh against one device.
 
-Builds the training graph, completes it under the strategy, lowers it, runs it on the
+Builds the plan (training graph, completion, lowering) unless given one, runs it on the
 simulated mesh from the same seeded sources as the single-device reference, and compares the
 loss, every gradient and every updated parameter with dtype-aware tolerances. On a mismatch
 it names the first serial op (in program order) whose output diverges: since every value is
@@ -14,12 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from shardlab.autodiff import training_graph
 from shardlab.ir import Graph, ValueKind
-from shardlab.lower import lower
+from shardlab.plan import Plan, build_plan
 from shardlab.runtime.reference import run_reference, source_values
 from shardlab.runtime.simulated import global_view, run_simulated
-from shardlab.spmd.complete import complete
 from shardlab.strategy import Strategy
 
 #: (rtol, atol) by compute dtype.
@@ -62,17 +60,26 @@ def _compare(name: str, kind: str, got: np.ndarray, want: np.ndarray, dtype: str
 
 
 def verify(
-    graph: Graph,
-    strategy: Strategy,
+    graph: Graph | Plan,
+    strategy: Strategy | None = None,
     *,
     optimizer: str = "adamw",
     lr: float = 1e-3,
     compute_dtype: str = "float64",
     seed: int = 0,
 ) -> VerifyReport:
-    """Run one training step distributed and on one device; compare what matters."""
-    tg = training_graph(graph, optimizer=optimizer, lr=lr)
-    program = lower(complete(tg, strategy))
+    """Run one training step distributed and on one device; compare what matters.
+
+    Pass a model graph and a strategy, or a `Plan` already built (then `optimizer` and `lr`
+    are the plan's).
+    """
+    if isinstance(graph, Plan):
+        plan = graph
+    elif strategy is None:
+        raise TypeError("verify(graph, strategy): a strategy is needed with a graph")
+    else:
+        plan = build_plan(graph, strategy, optimizer=optimizer, lr=lr)
+    tg, program = plan.training, plan.program
     env = run_reference(tg, seed=seed, compute_dtype=compute_dtype)
     blocks = run_simulated(program, {v.name: env[v.name] for v in source_values(tg)}, seed)
     checks: list[TensorCheck] = []

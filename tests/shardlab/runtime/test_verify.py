@@ -34,14 +34,18 @@ def test_seed_demo_dp_and_mp(ranks: int, dtype: str) -> None:
     [
         ("dp=2", ["dp"]),
         ("tp=2", ["megatron_tp"]),
+        ("dp=2,tp=2", ["dp", "megatron_tp"]),
         ("dp=2,tp=2", ["dp", "megatron_tp", "sequence_parallel"]),
         ("pp=2,dp=2,tp=2", ["dp", "megatron_tp", "sequence_parallel"]),
+        ("dp=2,fs=2,tp=2", ["dp:dp", "fsdp:fs", "megatron_tp:tp", "sequence_parallel:tp"]),
         ("dp=4", ["dp", "fsdp"]),
     ],
 )
 def test_small_llama_training_step(mesh: str, templates: list[str]) -> None:
     report = verify(build_model("llama3-8b", LLAMA), Strategy.build(mesh, templates))
     assert report.ok, report.failed()[:3]
+    # loss + a gradient and an updated value for each of the 20 parameters (and moments)
+    assert report.summary["compared"] >= 41
 
 
 def test_a_wrong_kernel_is_caught_and_bisected(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,66 @@
+"""`shardlab.plan`: the pipeline end to end, and what its summary reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import shardlab
+from shardlab.cli import app
+from shardlab.models import build_model
+from shardlab.plan import Plan, build_plan
+from shardlab.strategy import Strategy
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_dp_all_reduces_every_weight_gradient_with_ring_bytes(ranks: int) -> None:
+    plan = shardlab.plan("mlp_demo", Strategy.build(f"x={ranks}", ["dp"]))
+    assert isinstance(plan, Plan)
+    collectives = plan.summary()["collectives"]
+    assert list(collectives) == ["all_reduce"]
+    grad_bytes = (32 * 32 + 32 * 8) * 4  # w0 [32,32] and w1 [32,8], float32
+    assert collectives["all_reduce"]["count"] == 2
+    assert collectives["all_reduce"]["bytes_per_rank"] == 2 * (ranks - 1) / ranks * grad_bytes
+    assert collectives["all_reduce"]["reasons"] == [{"reason": "P(sum) -> R for adamw", "count": 2}]
+
+
+def test_summary_counts_ops_by_role_and_matches_the_program() -> None:
+    graph = build_model("llama3-8b", {"layers": 2})
+    plan = build_plan(graph, Strategy.build("dp=8,tp=8", ["dp", "megatron_tp"]))
+    s = plan.summary()
+    assert s["fallback_ops"] == []
+    assert sum(s["ops_by_role"].values()) == s["program_ops"] == len(plan.program.ops)
+    assert s["ops_by_role"]["comm"] == sum(e["count"] for e in s["collectives"].values())
+    total = sum(e["bytes_per_rank"] for e in s["collectives"].values())
+    assert total == pytest.approx(s["comm_bytes_per_rank"])
+    # each weight gradient sharded by tp is all-reduced over dp for its optimizer update
+    ar = [r["reason"] for r in s["collectives"]["all_reduce"]["reasons"]]
+    assert "P(sum)S(1) -> RS(1) for adamw" in ar
+
+
+def test_every_comm_op_records_value_specs_and_consumer() -> None:
+    plan = build_plan("mlp_demo", Strategy.build("x=2", ["dp"]), optimizer="sgd")
+    comms = [op for op in plan.program.ops if op.is_comm]
+    assert {op.attrs["value"] for op in comms} == {"w0.grad", "w1.grad"}
+    assert all(op.attrs["consumer"] == "sgd" for op in comms)
+    assert all("w0.grad" in op.reason or "w1.grad" in op.reason for op in comms)
+
+
+def test_cli_plan_text_and_json() -> None:
+    args = ["plan", "mlp_demo", "--mesh", "x=2", "--annotate", "w0=S(1)", "--annotate", "w1=S(0)"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "all_reduce" in result.output and "fallback ops: 0" in result.output
+    data = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert data["collectives"]["all_reduce"]["count"] == 2
+    assert data["mesh"] == "x=2"
+
+
+def test_cli_plan_names_a_bad_mesh_axis() -> None:
+    result = runner.invoke(app, ["plan", "mlp_demo", "--mesh", "x=2", "--annotate", "w0=q:S(1)"])
+    assert result.exit_code == 1
+    assert "q" in result.output
