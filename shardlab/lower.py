@@ -9,8 +9,6 @@ in-place state) are resharded right after the op.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from shardlab.ir import OpRole
 from shardlab.placement import DistSpec
 from shardlab.program import DistOp, DistProgram
@@ -32,9 +30,11 @@ class _Builder:
         self.versions: dict[tuple[str, DistSpec], str] = {}
         self.producer: dict[str, str] = {}
 
+    def deps(self, inputs: tuple[str, ...]) -> tuple[str, ...]:
+        """The ops producing `inputs` (program values defined so far)."""
+        return tuple(sorted({self.producer[v] for v in inputs if v in self.producer}))
+
     def add(self, op: DistOp) -> None:
-        deps = tuple(sorted({self.producer[v] for v in op.inputs if v in self.producer}))
-        op = replace(op, deps=deps)
         self.ops.append(op)
         for out in op.outputs:
             self.producer[out] = op.name
@@ -68,8 +68,10 @@ class _Builder:
             name = f"{step.kind}:{out}"
             stream = f"comm:{step.axis}"
             attrs = {"value": serial, "from": str(have), "to": str(dst), "consumer": consumer}
-            op = DistOp(name, step.kind, (current,), (out,), stream, OpRole.COMM, comm=step)
-            self.add(replace(op, reason=reason, attrs=attrs))
+            self.add(
+                DistOp(name, step.kind, (current,), (out,), stream, OpRole.COMM, attrs=attrs,
+                       comm=step, reason=reason, deps=self.deps((current,)))
+            )  # fmt: skip
             self.types[out] = t
             self.specs[out] = spec
             current = out
@@ -97,23 +99,22 @@ def lower(done: CompletedGraph) -> DistProgram:
         rule = done.rules[op.name]
         inputs = []
         for v, need in zip(op.inputs, rule.input_specs, strict=True):
-            why = f"op {op.name!r} ({op.kind}) needs it as {need}: {rule.reason}"
-            inputs.append(b.reshard(v, current[v], need, why, op.kind))
+            held = b.versions.get((v, need))
+            if held is None:
+                why = f"op {op.name!r} ({op.kind}) needs it as {need}: {rule.reason}"
+                held = b.reshard(v, current[v], need, why, op.kind)
+            inputs.append(held)
         outputs = []
         for v, produced in zip(op.outputs, rule.output_specs, strict=True):
             name = v if done.specs[v] == produced else f"{v}~{produced}"
             b.define(v, name, produced)
             outputs.append(name)
-        compute = DistOp(op.name, op.kind, tuple(inputs), tuple(outputs), "compute", op.role)
+        ins = tuple(inputs)
         b.add(
-            replace(
-                compute,
-                scope=op.scope,
-                attrs=dict(op.attrs),
-                kernel=rule.kernel,
-                reason=rule.reason,
-            )
-        )
+            DistOp(op.name, op.kind, ins, tuple(outputs), "compute", op.role, scope=op.scope,
+                   attrs=dict(op.attrs), kernel=rule.kernel, reason=rule.reason,
+                   deps=b.deps(ins))
+        )  # fmt: skip
         for v, name in zip(op.outputs, outputs, strict=True):
             if name != v:
                 why = f"completion places {v!r} as {done.specs[v]} (annotation or in-place state)"

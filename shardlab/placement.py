@@ -7,10 +7,11 @@ form (`("dp", None, "tp")`, as in PyTorch/JAX partition specs) converts both way
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardlab.errors import PlacementError
 from shardlab.mesh import Mesh
@@ -145,6 +146,16 @@ def format_placements(placements: Sequence[Placement]) -> str:
     return "".join(str(p) for p in placements)
 
 
+#: One tuple object per distinct placement tuple, shared by every DistSpec that has it.
+_CANONICAL: dict[tuple[Placement, ...], tuple[Placement, ...]] = {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_of(placements: tuple[Placement, ...]) -> str:
+    """`format_placements`, cached: programs print the same few specs thousands of times."""
+    return format_placements(placements)
+
+
 def _check_count(placements: Sequence[Placement], mesh: Mesh) -> None:
     if len(placements) != mesh.ndim:
         raise _count_error(repr(format_placements(placements)), len(placements), mesh)
@@ -227,6 +238,7 @@ class DistSpec:
 
     mesh: Mesh
     placements: tuple[Placement, ...]
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         placements = tuple(self.placements)
@@ -234,7 +246,24 @@ class DistSpec:
             if not isinstance(p, Shard | Replicate | Partial):
                 raise PlacementError(f"{p!r} is not a placement", placement=repr(p))
         _check_count(placements, self.mesh)
-        object.__setattr__(self, "placements", placements)
+        object.__setattr__(self, "placements", _CANONICAL.setdefault(placements, placements))
+        object.__setattr__(self, "_hash", hash((self.mesh, placements)))
+
+    # Specs key many dicts (lowering, the reshard cache): hash once, and compare canonical
+    # placement tuples by identity first, without touching the placements themselves.
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DistSpec):
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.placements == other.placements
+            and self.mesh == other.mesh
+        )
 
     @classmethod
     def parse(cls, text: str, mesh: Mesh) -> DistSpec:
@@ -247,7 +276,7 @@ class DistSpec:
         return cls(mesh, (Replicate(),) * mesh.ndim)
 
     def __str__(self) -> str:
-        return format_placements(self.placements)
+        return _text_of(self.placements)
 
     def is_replicated(self) -> bool:
         """True when every mesh axis replicates the value."""
