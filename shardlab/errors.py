@@ -64,3 +64,9 @@ class ExecutionError(ShardlabError):
     """A graph cannot be executed: missing input data, an op without an implementation."""
 
     code = "execution_error"
+
+
+class ClusterError(ShardlabError):
+    """A cluster file or preset name is invalid: unknown preset, missing or bad field."""
+
+    code = "invalid_cluster"
