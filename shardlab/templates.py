@@ -5,9 +5,11 @@
   `S(0)`), row-parallel o and down projections (weights `S(0)`), vocab-parallel embedding
   (`S(0)`) and lm_head (`S(1)`), and a replicated residual stream, so each block's
   row-parallel partial sums are all-reduced as in Megatron-LM.
-- `sequence_parallel`: shard the residual stream on the sequence dim (`S(1)`) and replicate
-  the norm outputs, so partial sums are reduce-scattered and all-gathered before the next
-  column-parallel projection (Megatron-LM sequence parallelism); compose after `megatron_tp`.
+- `sequence_parallel`: shard the residual stream and the norm outputs on the sequence dim
+  (`S(1)`), so partial sums are reduce-scattered and the norm output is all-gathered right
+  before the next column-parallel projection, keeping only its sequence shard for backward
+  (Megatron-LM sequence parallelism: 32sbh/t activation bytes per layer without dropout);
+  compose after `megatron_tp`.
 - `fsdp`: shard every parameter on the axis along its first dim that divides evenly.
 
 Templates match the module paths of Shardlab's presets (`layers.{i}.attn.q_proj.weight`);
@@ -73,7 +75,7 @@ def megatron_tp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annot
 
 def sequence_parallel(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
     out = [_ann(p, axis, Shard(1), "sequence_parallel") for p in RESIDUAL]
-    out += [_ann(p, axis, Replicate(), "sequence_parallel") for p in NORM_OUTPUTS]
+    out += [_ann(p, axis, Shard(1), "sequence_parallel") for p in NORM_OUTPUTS]
     return out
 
 

@@ -81,7 +81,8 @@ def test_sequence_parallel_shards_the_residual_stream_on_seq() -> None:
     done = complete(graph, Strategy.build("dp=2,tp=2", ["dp", "megatron_tp", "sequence_parallel"]))
     spec = {name: str(s) for name, s in done.specs.items()}
     assert spec["layers.0.attn_residual"] == "S(0)S(1)"
-    assert spec["layers.0.mlp_norm"] == "S(0)R"  # all-gathered before the column projection
+    # the norm output stays sequence-sharded; the column projection all-gathers its input
+    assert spec["layers.0.mlp_norm"] == "S(0)S(1)"
     assert spec["layers.0.mlp.up_proj"] == "S(0)S(2)"
 
 
