@@ -11,8 +11,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """`shardlab.plan` and `shardlab.verify` are imported on first use (they pull in the whole
-    pipeline). `shardlab.plan` is the module `shardlab/plan.py`, callable as `build_plan`."""
+    """`shardlab.plan`, `shardlab.compare` and `shardlab.verify` are imported on first use
+    (they pull in the whole pipeline). `shardlab.plan` is the module `shardlab/plan.py`,
+    callable as `build_plan`."""
     if name == "verify":
         from shardlab.runtime.verify import verify
 
@@ -21,6 +22,10 @@ def __getattr__(name: str) -> Any:
         import shardlab.plan
 
         return shardlab.plan
+    if name == "compare":
+        from shardlab.comparison import compare
+
+        return compare
     raise AttributeError(f"module 'shardlab' has no attribute {name!r}")
 
 

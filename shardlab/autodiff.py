@@ -211,10 +211,24 @@ def backward(graph: Graph, loss: str | None = None) -> tuple[BackwardContext, di
     return ctx, grads
 
 
-def training_graph(graph: Graph, optimizer: str = "adamw", lr: float = 1e-3, **opt: Any) -> Graph:
+#: Param dtypes that get a float32 master copy under AdamW by default.
+HALF_DTYPES = frozenset({"bfloat16", "float16"})
+
+
+def training_graph(
+    graph: Graph,
+    optimizer: str = "adamw",
+    lr: float = 1e-3,
+    master_weights: bool | None = None,
+    **opt: Any,
+) -> Graph:
     """`graph` + backward ops + one optimizer step per param with a gradient.
 
     `opt`: for adamw `betas`, `eps`, `weight_decay`, `step`; for sgd `weight_decay`.
+    Mixed precision (AdamW): a 16-bit param gets a float32 master copy `<p>.master` and
+    float32 moments, the update runs on the master and the param is its 16-bit copy: 2 + 2
+    + 4 + 4 + 4 = 16 bytes per parameter with its gradient. `master_weights` None means
+    "for 16-bit params"; `graph.meta["master_weights"]` maps each master to its param.
     Outputs: the loss, every new param and every new state value.
     """
     if optimizer not in OPTIMIZERS:
@@ -227,6 +241,7 @@ def training_graph(graph: Graph, optimizer: str = "adamw", lr: float = 1e-3, **o
     loss = find_loss(graph)
     ctx, grads = backward(graph, loss)
     outputs = [loss]
+    masters: dict[str, str] = {}
     for param in graph.values_of_kind(ValueKind.PARAM):
         p = param.name
         if p not in grads or graph.producer(p) is not None:
@@ -234,12 +249,16 @@ def training_graph(graph: Graph, optimizer: str = "adamw", lr: float = 1e-3, **o
         ins = [p, grads[p]]
         names = [f"{p}.new"]
         if optimizer == "adamw":
-            for s in ("exp_avg", "exp_avg_sq"):
-                ctx.values[f"{p}.{s}"] = Value(f"{p}.{s}", param.type, ValueKind.STATE)
+            mixed = param.type.dtype in HALF_DTYPES if master_weights is None else master_weights
+            state_type = param.type.with_dtype("float32") if mixed else param.type
+            for s in ("exp_avg", "exp_avg_sq", *(["master"] if mixed else [])):
+                ctx.values[f"{p}.{s}"] = Value(f"{p}.{s}", state_type, ValueKind.STATE)
                 ins.append(f"{p}.{s}")
                 names.append(f"{p}.{s}.new")
+            if mixed:
+                masters[f"{p}.master"] = p
         kinds = [ValueKind.PARAM] + [ValueKind.STATE] * (len(names) - 1)
-        inplace = [0] if optimizer == "sgd" else [0, 2, 3]
+        inplace = [0] if optimizer == "sgd" else [0, *range(2, len(ins))]
         ctx.emit(optimizer, ins, {**attrs, "inplace": inplace}, role=OpRole.OPTIMIZER,
                  names=names, kinds=kinds, op_name=f"{p}.{optimizer}")  # fmt: skip
         outputs += names
@@ -248,5 +267,5 @@ def training_graph(graph: Graph, optimizer: str = "adamw", lr: float = 1e-3, **o
         [*graph.ops, *ctx.finish()],
         name=f"{graph.name}.train",
         outputs=outputs,
-        meta={**graph.meta, "optimizer": optimizer, "loss": loss},
+        meta={**graph.meta, "optimizer": optimizer, "loss": loss, "master_weights": masters},
     )

@@ -56,6 +56,9 @@ class TensorType:
     def with_shape(self, shape: Iterable[int]) -> TensorType:
         return TensorType(tuple(shape), self.dtype)
 
+    def with_dtype(self, dtype: str) -> TensorType:
+        return TensorType(self.shape, dtype)
+
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
 

@@ -44,11 +44,14 @@ class _Builder:
         self.specs[program_value] = spec
         self.versions[(serial, spec)] = program_value
 
-    def reshard(self, serial: str, src: str, dst: DistSpec, why: str, consumer: str) -> str:
+    def reshard(
+        self, serial: str, src: str, dst: DistSpec, why: str, consumer: str, scope: str
+    ) -> str:
         """The program value holding `serial` in `dst`, inserting comm ops once.
 
         `consumer` names who asked: an op kind, or "placement" when completion placed an
-        output differently from what its rule produced.
+        output differently from what its rule produced; `scope` is the asking op's scope
+        (comm time is attributed to it).
         """
         cached = self.versions.get((serial, dst))
         if cached is not None:
@@ -69,8 +72,8 @@ class _Builder:
             stream = f"comm:{step.axis}"
             attrs = {"value": serial, "from": str(have), "to": str(dst), "consumer": consumer}
             self.add(
-                DistOp(name, step.kind, (current,), (out,), stream, OpRole.COMM, attrs=attrs,
-                       comm=step, reason=reason, deps=self.deps((current,)))
+                DistOp(name, step.kind, (current,), (out,), stream, OpRole.COMM, scope=scope,
+                       attrs=attrs, comm=step, reason=reason, deps=self.deps((current,)))
             )  # fmt: skip
             self.types[out] = t
             self.specs[out] = spec
@@ -102,7 +105,7 @@ def lower(done: CompletedGraph) -> DistProgram:
             held = b.versions.get((v, need))
             if held is None:
                 why = f"op {op.name!r} ({op.kind}) needs it as {need}: {rule.reason}"
-                held = b.reshard(v, current[v], need, why, op.kind)
+                held = b.reshard(v, current[v], need, why, op.kind, op.scope)
             inputs.append(held)
         outputs = []
         for v, produced in zip(op.outputs, rule.output_specs, strict=True):
@@ -118,7 +121,7 @@ def lower(done: CompletedGraph) -> DistProgram:
         for v, name in zip(op.outputs, outputs, strict=True):
             if name != v:
                 why = f"completion places {v!r} as {done.specs[v]} (annotation or in-place state)"
-                final = b.reshard(v, name, done.specs[v], why, "placement")
+                final = b.reshard(v, name, done.specs[v], why, "placement", op.scope)
                 b.versions[(v, done.specs[v])] = final
                 current[v] = final
             else:

@@ -1,21 +1,30 @@
 """The pipeline: a model and a strategy -> a `Plan` (training graph, placements, program).
 
-    training_graph -> complete -> lower
+    training_graph -> complete -> lower -> cost (when a cluster is given)
 
-`build_plan(model, strategy)` runs it; the module itself is callable, so `shardlab.plan(model,
-strategy)` reads the way people say it. `Plan.summary()` answers the first questions a
-reviewer asks: which collectives, how many bytes, why, and which ops fell back.
+`build_plan(model, strategy, cluster=...)` runs it; the module itself is callable, so
+`shardlab.plan(model, strategy)` reads the way people say it. `Plan.summary()` answers the
+first questions a reviewer asks: which collectives, how many bytes, why, which ops fell back,
+and, with a cluster, step time, MFU, tokens/s and memory per rank. A plan saves as JSON
+(`Plan.to_json`, `save_plan`) holding its inputs and summary; `load_plan` rebuilds it (the
+pipeline is deterministic), which is how two saved plans are compared.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from shardlab.autodiff import training_graph
+from shardlab.cost.clusters import Cluster, cluster_from_dict, load_cluster
+from shardlab.cost.model import PlanCost, cost_program
+from shardlab.errors import ShardlabError
+from shardlab.graph_json import graph_from_json, graph_to_json
 from shardlab.ir import Graph
 from shardlab.lower import lower
 from shardlab.program import DistProgram
@@ -24,6 +33,13 @@ from shardlab.strategy import Strategy
 
 #: How many distinct reasons `Plan.summary()` lists per collective kind.
 TOP_REASONS = 5
+PLAN_FORMAT = "shardlab.plan/1"
+
+
+class PlanFileError(ShardlabError):
+    """A saved plan file is unreadable or not a plan."""
+
+    code = "invalid_plan_file"
 
 
 @dataclass
@@ -36,6 +52,8 @@ class Plan:
     completed: CompletedGraph
     program: DistProgram
     optimizer: str
+    lr: float = 1e-3
+    cost: PlanCost | None = None
 
     def collectives_by_kind(self) -> dict[str, dict[str, Any]]:
         """Per comm kind: count, bytes per rank, and the most common reasons.
@@ -77,6 +95,19 @@ class Plan:
             "comm_bytes_per_rank": self.program.comm_bytes_per_rank(),
             "fallback_ops": self.completed.fallback_ops(),
             "unmatched_template_patterns": sorted({a.pattern for a in self.completed.unmatched}),
+            **({"cost": self.cost.summary()} if self.cost else {}),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan's inputs (model, strategy, optimizer, cluster) and its summary."""
+        return {
+            "format": PLAN_FORMAT,
+            "model": graph_to_json(self.model),
+            "strategy": self.strategy.to_json(),
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "cluster": self.cost.cluster.to_json() if self.cost else None,
+            "summary": self.summary(),
         }
 
 
@@ -86,15 +117,57 @@ def build_plan(
     *,
     optimizer: str = "adamw",
     lr: float = 1e-3,
+    cluster: Cluster | str | None = None,
 ) -> Plan:
-    """Run the pipeline for `model` (a Graph, or a preset name) under `strategy`."""
+    """Run the pipeline for `model` (a Graph, or a preset name) under `strategy`; with a
+    `cluster` (a Cluster, a preset name or a cluster file) the plan is costed too."""
     if isinstance(model, str):
         from shardlab.models import build_model
 
         model = build_model(model)
+    if isinstance(cluster, str):
+        cluster = load_cluster(cluster)
     training = training_graph(model, optimizer=optimizer, lr=lr)
     completed = complete(training, strategy)
-    return Plan(model, strategy, training, completed, lower(completed), optimizer)
+    program = lower(completed)
+    cost = cost_program(program, training, cluster) if cluster is not None else None
+    return Plan(model, strategy, training, completed, program, optimizer, lr, cost)
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    """Write `plan.to_json()` to `path`."""
+    out = Path(path)
+    out.write_text(json.dumps(plan.to_json(), indent=1))
+    return out
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Rebuild a saved plan from its inputs (errors name the file and the field)."""
+    where = f"plan file '{path}'"
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise PlanFileError(f"{where}: cannot read it ({exc.strerror})", path=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise PlanFileError(
+            f"{where}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            path=str(path),
+            line=exc.lineno,
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise PlanFileError(f"{where}: format must be {PLAN_FORMAT!r}, got {got!r}", path=str(path))
+    for key in ("model", "strategy", "optimizer"):
+        if key not in data:
+            raise PlanFileError(f"{where}: missing field {key!r}", path=str(path), field=key)
+    cluster = cluster_from_dict(data["cluster"]) if data.get("cluster") else None
+    return build_plan(
+        graph_from_json(data["model"]),
+        Strategy.from_json(data["strategy"]),
+        optimizer=data["optimizer"],
+        lr=float(data.get("lr", 1e-3)),
+        cluster=cluster,
+    )
 
 
 class _CallablePlanModule(types.ModuleType):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -30,22 +31,62 @@ def plan_cmd(
     annotate: AnnotateOption = None,
     set_: SetOption = None,
     optimizer: Annotated[str, typer.Option(help="adamw or sgd.")] = "adamw",
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="Cost the plan on a cluster preset (h100-sxm-8x8) or cluster file."),
+    ] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="Write the timeline as a Chrome trace (needs --cluster).")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Save the plan as JSON.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Training graph, placements and the per-rank program; prints collectives and why."""
-    from shardlab.plan import build_plan
+    """Training graph, placements and the per-rank program; prints collectives and why, and
+    with --cluster the step time, MFU, tokens/s and memory per rank."""
+    from shardlab.cost.trace import write_chrome_trace
+    from shardlab.plan import build_plan, save_plan
 
     try:
+        if trace is not None and cluster is None:
+            raise ShardlabError("--trace needs --cluster: the timeline comes from the cost model")
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, annotate)
-        plan = build_plan(graph, strategy, optimizer=optimizer)
+        plan = build_plan(graph, strategy, optimizer=optimizer, cluster=cluster)
     except ShardlabError as exc:
         fail(exc)
+    if trace is not None and plan.cost is not None:
+        write_chrome_trace(trace, plan.cost.timeline, plan.program)
+    if output is not None:
+        save_plan(plan, output)
     summary = plan.summary()
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
     typer.echo(_text(summary))
+    if trace is not None:
+        typer.echo(f"chrome trace: {trace} (open in https://ui.perfetto.dev)")
+    if output is not None:
+        typer.echo(f"plan saved: {output}")
+
+
+@app.command("compare")
+def compare_cmd(
+    plan_a: Annotated[Path, typer.Argument(help="A plan saved with `shardlab plan -o`.")],
+    plan_b: Annotated[Path, typer.Argument(help="The plan to compare against A.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Step time, memory, collectives, time per scope and placements of B against A."""
+    from shardlab.comparison import compare
+    from shardlab.plan import load_plan
+
+    try:
+        a, b = load_plan(plan_a), load_plan(plan_b)
+    except ShardlabError as exc:
+        fail(exc)
+    result = compare(a, b, str(plan_a), str(plan_b))
+    typer.echo(json.dumps(result.to_json(), indent=2) if as_json else result.text())
 
 
 def _text(s: dict[str, Any]) -> str:
@@ -62,6 +103,21 @@ def _text(s: dict[str, Any]) -> str:
         )
         for r in entry["reasons"]:
             lines.append(f"      {r['count']:>5} x {r['reason']}")
+    cost = s.get("cost")
+    if cost:
+        lines += [
+            f"on {cost['cluster']}: step {cost['step_time_s'] * 1e3:.1f} ms, MFU "
+            f"{cost['mfu']:.1%}, {cost['tokens_per_s']:,.0f} tokens/s; compute "
+            f"{cost['compute_s'] * 1e3:.1f} ms, comm {cost['comm_s'] * 1e3:.1f} ms "
+            f"({cost['exposed_comm_s'] * 1e3:.1f} ms exposed)",
+            f"memory per rank: peak {human(cost['peak_memory_bytes'], 'B')} of "
+            f"{human(cost['memory_capacity_bytes'], 'B')}"
+            + ("" if cost["fits"] else "  DOES NOT FIT"),
+            "  at peak: "
+            + ", ".join(
+                f"{k} {human(v, 'B')}" for k, v in cost["memory_breakdown_at_peak"].items() if v
+            ),
+        ]
     fallbacks = s["fallback_ops"]
     lines.append(
         f"fallback ops: {len(fallbacks)}" + (f" ({', '.join(fallbacks[:5])})" if fallbacks else "")

@@ -13,8 +13,19 @@
 - cross_entropy_grad(logits, labels, dloss) -> dlogits (attr `reduction`).
 - embedding_grad(ids, dy): attr `vocab` -> dtable [vocab, H] by scatter-add.
 - sgd(param, grad): attrs `lr`, `weight_decay` (default 0) -> new param.
-- adamw(param, grad, exp_avg, exp_avg_sq): attrs `lr`, `betas`, `eps`, `weight_decay`,
-  `step` (>= 1) -> new param, exp_avg, exp_avg_sq; one torch.optim.AdamW step.
+- adamw(param, grad, exp_avg, exp_avg_sq[, master]): attrs `lr`, `betas`, `eps`,
+  `weight_decay`, `step` (>= 1) -> new param, exp_avg, exp_avg_sq[, master]; one
+  torch.optim.AdamW step (on the float32 master when given; the param is its copy).
+
+FLOPs (what the cost model charges): fill, broadcast_to and slice_grad only move data (0).
+Elementwise kernels count per element of their main tensor, as the forward kinds do
+(elementwise.py, norm.py): the activation derivative recomputed from x plus the product with
+dy, the norm backward's recomputed statistics and its reductions, the softmax recomputed by
+cross_entropy_grad, one add per scattered element of embedding_grad, and the optimizer's
+arithmetic (`_PER_ELEMENT`). attention_grad counts its five matmuls (flash-attention style:
+recompute S = q k^T, then dV = P^T dY, dP = dY V^T, dQ = dS K, dK = dS^T Q), which is 2.5x the
+forward's two when D == Dv, over the same causal pair count as the forward (attention.py);
+like the forward it leaves out the softmax.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from shardlab.ir import DTYPE_BYTES, INT_DTYPES, TensorType
 from shardlab.ops.base import (
     Array,
     Attrs,
+    CountFn,
     NumpyFn,
     OpDef,
     attr_bool,
@@ -37,6 +49,7 @@ from shardlab.ops.base import (
     attr_ints,
     attr_str,
     broadcast_shapes,
+    no_flops,
     register,
     require_float,
 )
@@ -48,8 +61,42 @@ FAMILY = "autodiff_ops"
 
 
 def _reg(kind: str, doc: str, n_in: int, infer: Callable[..., list[TensorType]], impl: NumpyFn,
-         index_bounds: Callable[..., dict[int, int]] | None = None) -> None:  # fmt: skip
-    register(OpDef(kind, FAMILY, doc, n_in, n_in, infer, impl, index_bounds=index_bounds))
+         index_bounds: Callable[..., dict[int, int]] | None = None,
+         flops: CountFn = no_flops, max_in: int | None = None) -> None:  # fmt: skip
+    """Register `kind` taking `n_in` inputs (up to `max_in` when given)."""
+    n_max = n_in if max_in is None else max_in
+    register(
+        OpDef(kind, FAMILY, doc, n_in, n_max, infer, impl, flops=flops, index_bounds=index_bounds)
+    )
+
+
+#: FLOPs per element of the counted input (see `_per_element`):
+#: activation grads = f'(x) recomputed from x (the forward's cost in elementwise.py, plus the
+#: few ops of the derivative) + 1 for the product with dy; max_grad = compare, count, multiply,
+#: divide; norm grads = recomputed statistics (ln 5, rms 2) + g = dy * w (1) + the two row
+#: reductions and the dx formula (ln 7, rms 6) + dweight (and dbias) sums (ln 3, rms 3);
+#: cross_entropy_grad = softmax (max, sub, exp, sum, div) + scaling by dloss / N;
+#: embedding_grad = one add per element of dy; adamw = decay 1 + exp_avg 3 + exp_avg_sq 4 +
+#: denominator 3 + update 3.
+_PER_ELEMENT: dict[str, int] = {
+    "relu_grad": 1,
+    "gelu_grad": 12,
+    "silu_grad": 8,
+    "sigmoid_grad": 7,
+    "tanh_grad": 7,
+    "max_grad": 4,
+    "layer_norm_grad": 16,
+    "rms_norm_grad": 12,
+    "cross_entropy_grad": 6,
+    "embedding_grad": 1,
+    "adamw": 14,
+}
+
+
+def _per_element(kind: str, which: int = 0) -> CountFn:
+    """`_PER_ELEMENT[kind]` FLOPs per element of input `which`."""
+    cost = _PER_ELEMENT[kind]
+    return lambda ins, outs, attrs: cost * ins[which].numel
 
 
 def _fill_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
@@ -110,7 +157,8 @@ def _act_np(fn: Callable[[Array, Attrs], Array]) -> NumpyFn:
 
 
 for _kind, _fn in _ACT.items():
-    _reg(_kind, f"dx = {_kind[:-5]}'(x) * dy for (x, dy).", 2, _x_dy_infer(_kind), _act_np(_fn))
+    _reg(_kind, f"dx = {_kind[:-5]}'(x) * dy for (x, dy).", 2, _x_dy_infer(_kind), _act_np(_fn),
+         flops=_per_element(_kind))  # fmt: skip
 
 
 def _max_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
@@ -123,7 +171,7 @@ def _max_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
 
 
 _reg("max_grad", "dx of max (x, y, dy): dy split evenly among the maxima; attrs of max.", 3,
-     lambda ins, a: [ins[0]], _max_grad_np)  # fmt: skip
+     lambda ins, a: [ins[0]], _max_grad_np, flops=_per_element("max_grad"))  # fmt: skip
 
 
 def _slice_grad_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
@@ -179,9 +227,11 @@ def _rms_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
 
 
 _reg("layer_norm_grad", "dx, dweight, dbias of layer_norm from (x, weight, dy); attr eps.", 3,
-     _norm_grad_infer("layer_norm_grad"), _ln_grad_np)  # fmt: skip
+     _norm_grad_infer("layer_norm_grad"), _ln_grad_np,
+     flops=_per_element("layer_norm_grad"))  # fmt: skip
 _reg("rms_norm_grad", "dx, dweight of rms_norm from (x, weight, dy); attr eps.", 3,
-     _norm_grad_infer("rms_norm_grad"), _rms_grad_np)  # fmt: skip
+     _norm_grad_infer("rms_norm_grad"), _rms_grad_np,
+     flops=_per_element("rms_norm_grad"))  # fmt: skip
 
 
 def _attn_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
@@ -214,8 +264,17 @@ def _attn_grad_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType
     return [q, k, v]
 
 
+def _attn_grad_flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> int:
+    """Recomputed S (D) + dV, dP (Dv each) + dQ, dK (D each), over the forward's pair count."""
+    q, k, v, _ = ins
+    b, sq, hq, d = q.shape
+    pairs = sq * (sq + 1) // 2 if attrs.get("causal", True) else sq * k.shape[1]
+    return 2 * b * hq * pairs * (3 * d + 2 * v.shape[3])
+
+
 _reg("attention_grad", "dq, dk, dv of scaled_dot_product_attention from (q, k, v, dy); "
-     "attrs causal, scale; grouped-query heads.", 4, _attn_grad_infer, _attn_grad_np)  # fmt: skip
+     "attrs causal, scale; grouped-query heads.", 4, _attn_grad_infer, _attn_grad_np,
+     flops=_attn_grad_flops)  # fmt: skip
 
 
 def _ce_grad_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
@@ -239,7 +298,8 @@ def _ce_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
 
 _reg("cross_entropy_grad", "dlogits = (softmax(logits) - onehot(labels)) * dloss [/ N]; "
      "attr reduction.", 3, _ce_grad_infer, _ce_grad_np,
-     index_bounds=lambda ins, a: {1: ins[0].shape[-1]})  # fmt: skip
+     index_bounds=lambda ins, a: {1: ins[0].shape[-1]},
+     flops=_per_element("cross_entropy_grad"))  # fmt: skip
 
 
 def _emb_grad_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
@@ -257,7 +317,8 @@ def _emb_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
 
 
 _reg("embedding_grad", "dtable [vocab, H]: rows of dy scatter-added at ids; attr vocab.", 2,
-     _emb_grad_infer, _emb_grad_np, index_bounds=lambda ins, a: {0: int(a["vocab"])})  # fmt: skip
+     _emb_grad_infer, _emb_grad_np, index_bounds=lambda ins, a: {0: int(a["vocab"])},
+     flops=_per_element("embedding_grad", which=1))  # fmt: skip
 
 
 def _opt_infer(kind: str) -> Callable[[Sequence[TensorType], Attrs], list[TensorType]]:
@@ -268,7 +329,11 @@ def _opt_infer(kind: str) -> Callable[[Sequence[TensorType], Attrs], list[Tensor
         attr_float(attrs, "lr")
         if kind == "adamw" and attr_int(attrs, "step", 1) < 1:
             raise OpSignatureError("adamw: attribute 'step' must be >= 1", attr="step")
-        return [ins[0]] if kind == "sgd" else [ins[0], ins[2], ins[3]]
+        if kind == "sgd":
+            return [ins[0]]
+        if len(ins) == 5 and not ins[4].is_float:
+            raise OpSignatureError("adamw: the master weight must be a float tensor")
+        return [ins[0], *ins[2:]]
 
     return infer
 
@@ -280,6 +345,11 @@ def _sgd_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
 
 
 def _adamw_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
+    """With a master weight (5th input), the step updates the master and the param is its
+    copy in the param's dtype (mixed precision)."""
+    if len(xs) == 5:
+        p_new, m, v = _adamw_np([xs[4], *xs[1:4]], attrs)
+        return [p_new.copy(), m, v, p_new]
     p, g, m, v = xs
     lr, eps = float(attrs["lr"]), float(attrs.get("eps", 1e-8))
     b1, b2 = (float(b) for b in attrs.get("betas", [0.9, 0.999]))
@@ -292,8 +362,14 @@ def _adamw_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
     return [p - (lr / bc1) * m / denom, m, v]
 
 
+def _sgd_flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> int:
+    """lr * grad and the subtraction; weight decay adds a multiply and an add."""
+    return (4 if attrs.get("weight_decay") else 2) * ins[0].numel
+
+
 _reg("sgd", "param - lr * (grad + weight_decay * param); attrs lr, weight_decay (0).", 2,
-     _opt_infer("sgd"), _sgd_np)  # fmt: skip
-_reg("adamw", "one torch.optim.AdamW step of (param, grad, exp_avg, exp_avg_sq) -> new param, "
-     "exp_avg, exp_avg_sq; attrs lr, betas, eps, weight_decay, step.", 4,
-     _opt_infer("adamw"), _adamw_np)  # fmt: skip
+     _opt_infer("sgd"), _sgd_np, flops=_sgd_flops)  # fmt: skip
+_reg("adamw", "one torch.optim.AdamW step of (param, grad, exp_avg, exp_avg_sq[, master]) -> "
+     "new param, exp_avg, exp_avg_sq[, master]; attrs lr, betas, eps, weight_decay, step. With "
+     "a float32 master weight the step updates it and the param becomes its copy.", 4,
+     _opt_infer("adamw"), _adamw_np, flops=_per_element("adamw"), max_in=5)  # fmt: skip

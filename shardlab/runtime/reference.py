@@ -47,7 +47,7 @@ def index_bound(graph: Graph, value: str) -> int | None:
 def make_feeds(graph: Graph, seed: int = 0, compute_dtype: str = "float64") -> dict[str, Array]:
     """Seeded data for every source value of `graph`.
 
-    Optimizer state (kind `state`) starts at zero.
+    Optimizer state (kind `state`) starts at zero; a master weight as its param's copy.
     Floats: inputs ~ N(0, 1); matrices ~ N(0, 1/fan_in) with fan_in = dim 0; vectors
     ~ 1 + N(0, 0.1^2) (norm weights). Integers: uniform in [0, index bound), [0, 2) when
     no consumer indexes with them.
@@ -72,6 +72,8 @@ def make_feeds(graph: Graph, seed: int = 0, compute_dtype: str = "float64") -> d
         else:
             data = rng.integers(0, index_bound(graph, value.name) or 2, t.shape)
         feeds[value.name] = np.asarray(data, dtype=dtype)
+    for master, param in graph.meta.get("master_weights", {}).items():
+        feeds[master] = feeds[param].copy()  # a master weight starts as its param's copy
     return feeds
 
 

@@ -66,3 +66,25 @@ def test_cli_verify() -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["verify", "mlp_demo", "--mesh", "x=2", "--template", "dp"])
     assert result.exit_code == 0 and result.output.startswith("PASS")
+
+
+def test_mixed_precision_master_weights_verify_and_cost_16_bytes_per_param() -> None:
+    """bf16 params: float32 master and moments; the step updates the master, the param is its
+    copy; 2 (param) + 2 (grad) + 3 x 4 (master, exp_avg, exp_avg_sq) = 16 bytes/param."""
+    graph = build_model("llama3-8b", {**LLAMA, "dtype": "bfloat16"})
+    report = verify(graph, Strategy.build("dp=2,tp=2", ["dp", "megatron_tp"]))
+    assert report.ok, report.failed()[:3]
+    from shardlab.autodiff import training_graph
+    from shardlab.ir import ValueKind
+
+    tg = training_graph(graph)
+    state = [v for v in tg.values_of_kind(ValueKind.STATE) if tg.producer(v.name) is None]
+    assert {v.type.dtype for v in state} == {"float32"}
+    assert len(tg.meta["master_weights"]) == len(state) // 3
+    params = sum(
+        v.type.nbytes for v in tg.values_of_kind(ValueKind.PARAM) if not tg.producer(v.name)
+    )
+    grads = {tg.op(f"{p}.adamw").inputs[1] for p in tg.meta["master_weights"].values()}
+    grad_bytes = sum(tg.type_of(g).nbytes for g in grads)
+    n = graph.num_params()
+    assert params + grad_bytes + sum(v.type.nbytes for v in state) == 16 * n

@@ -1,0 +1,184 @@
+"""Compare two plans: headline figures, collectives, time per scope and per op, placements.
+
+`compare(a, b)` works on any two plans of the same or different strategies (and, once passes
+exist, on a plan before and after a pass). Deltas are `b - a`: positive means plan B spends
+more. Time per scope groups program ops by layer (`layers.3`, `embed`, `lm_head`), compute
+and communication apart, so a reviewer sees which layers got faster or slower and whether
+the change came from compute or from collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardlab.cost.memory import layer_scope
+from shardlab.placement import DistSpec, Replicate
+from shardlab.plan import Plan
+
+#: How many ops `compare` lists, largest |delta| first.
+TOP_OPS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """One figure in both plans."""
+
+    name: str
+    a: float
+    b: float
+
+    @property
+    def delta(self) -> float:
+        return self.b - self.a
+
+    @property
+    def ratio(self) -> float | None:
+        return self.b / self.a if self.a else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "a": self.a, "b": self.b, "delta": self.delta,
+                "ratio": self.ratio}  # fmt: skip
+
+
+@dataclass
+class Comparison:
+    """Everything `compare` found; `to_json()` for the API, `text()` for the terminal."""
+
+    a_label: str
+    b_label: str
+    headline: list[Delta]
+    memory: list[Delta]
+    collectives: list[Delta]  # count and bytes per rank by kind
+    scopes: list[Delta]  # seconds per (layer scope, compute|comm)
+    ops: list[Delta]  # seconds per op present in both, largest |delta| first
+    placements: list[tuple[str, str, str]] = field(default_factory=list)  # value, spec a, b
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "a": self.a_label,
+            "b": self.b_label,
+            "headline": [d.to_json() for d in self.headline],
+            "memory": [d.to_json() for d in self.memory],
+            "collectives": [d.to_json() for d in self.collectives],
+            "scopes": [d.to_json() for d in self.scopes],
+            "ops": [d.to_json() for d in self.ops],
+            "placements": [{"value": v, "a": sa, "b": sb} for v, sa, sb in self.placements],
+        }
+
+    def text(self, limit: int = 10) -> str:
+        lines = [f"A: {self.a_label}", f"B: {self.b_label}", ""]
+        for title, rows in (("headline", self.headline), ("memory (bytes per rank)", self.memory),
+                            ("collectives", self.collectives)):  # fmt: skip
+            if rows:
+                lines.append(title)
+                lines += [_row(d) for d in rows]
+        changed = _largest_first(self.scopes)[:limit]
+        if changed:
+            lines.append("time per scope (s), largest change first")
+            lines += [_row(d) for d in changed]
+        if self.placements:
+            lines.append(f"placements that differ: {len(self.placements)}")
+            lines += [f"  {v}: {sa} -> {sb}" for v, sa, sb in self.placements[:limit]]
+        return "\n".join(lines)
+
+
+def _row(d: Delta) -> str:
+    ratio = f"  x{d.ratio:.3f}" if d.ratio is not None else ""
+    return f"  {d.name:<36} {d.a:>14.6g} {d.b:>14.6g} {d.delta:>+14.6g}{ratio}"
+
+
+def compare(a: Plan, b: Plan, a_label: str = "", b_label: str = "") -> Comparison:
+    """Compare plan `b` against plan `a`."""
+    return Comparison(
+        a_label=a_label or a.strategy.describe(),
+        b_label=b_label or b.strategy.describe(),
+        headline=_headline(a, b),
+        memory=_memory(a, b),
+        collectives=_collectives(a, b),
+        scopes=_pairs(_time_by_scope(a), _time_by_scope(b)),
+        ops=_largest_first(_pairs(_op_times(a), _op_times(b), both=True))[:TOP_OPS],
+        placements=_placements(a, b),
+    )
+
+
+def _largest_first(rows: list[Delta]) -> list[Delta]:
+    return sorted(rows, key=lambda d: -abs(d.delta))
+
+
+def _headline(a: Plan, b: Plan) -> list[Delta]:
+    rows = [Delta("program ops", len(a.program.ops), len(b.program.ops)),
+            Delta("comm bytes per rank", a.program.comm_bytes_per_rank(),
+                  b.program.comm_bytes_per_rank())]  # fmt: skip
+    if a.cost and b.cost:
+        ca, cb = a.cost, b.cost
+        rows += [
+            Delta("step time (s)", ca.step_time, cb.step_time),
+            Delta("MFU", ca.mfu, cb.mfu),
+            Delta("tokens/s", ca.tokens_per_second, cb.tokens_per_second),
+            Delta("exposed comm (s)", ca.timeline.exposed_comm(0), cb.timeline.exposed_comm(0)),
+        ]
+    return rows
+
+
+def _memory(a: Plan, b: Plan) -> list[Delta]:
+    if not (a.cost and b.cost):
+        return []
+    ma, mb = a.cost.memory, b.cost.memory
+    rows = [Delta("peak", ma.peak_bytes, mb.peak_bytes)]
+    for cat in sorted(set(ma.breakdown_at_peak) | set(mb.breakdown_at_peak)):
+        rows.append(
+            Delta(
+                f"at peak: {cat}",
+                ma.breakdown_at_peak.get(cat, 0),
+                mb.breakdown_at_peak.get(cat, 0),
+            )
+        )
+    return rows
+
+
+def _collectives(a: Plan, b: Plan) -> list[Delta]:
+    ka, kb = a.collectives_by_kind(), b.collectives_by_kind()
+    rows = []
+    for kind in sorted(set(ka) | set(kb)):
+        ea, eb = ka.get(kind, {}), kb.get(kind, {})
+        rows.append(Delta(f"{kind} count", ea.get("count", 0), eb.get("count", 0)))
+        rows.append(Delta(f"{kind} bytes/rank", ea.get("bytes_per_rank", 0.0),
+                          eb.get("bytes_per_rank", 0.0)))  # fmt: skip
+    return rows
+
+
+def _op_times(plan: Plan) -> dict[str, float]:
+    return dict(plan.cost.op_times) if plan.cost else {}
+
+
+def _time_by_scope(plan: Plan) -> dict[str, float]:
+    """Seconds per `<layer scope> compute|comm` on rank 0 (needs a cost)."""
+    if plan.cost is None:
+        return {}
+    out: dict[str, float] = {}
+    for op in plan.program.ops:
+        seconds = plan.cost.op_times.get(op.name, 0.0)
+        key = f"{layer_scope(op.scope) or '(top)'} {'comm' if op.is_comm else 'compute'}"
+        out[key] = out.get(key, 0.0) + seconds
+    return out
+
+
+def _pairs(a: dict[str, float], b: dict[str, float], both: bool = False) -> list[Delta]:
+    names = sorted(set(a) & set(b)) if both else sorted(set(a) | set(b))
+    return [Delta(n, a.get(n, 0.0), b.get(n, 0.0)) for n in names]
+
+
+def _named(spec: DistSpec) -> str:
+    """A spec by named mesh axis without its replicated axes (`dp:S(0)`), so the same layout
+    reads the same on meshes with different axes; fully replicated is `R`."""
+    parts = [f"{axis}:{p}" for axis, p in zip(spec.mesh.axis_names, spec.placements, strict=True)
+             if not isinstance(p, Replicate)]  # fmt: skip
+    return ",".join(parts) or "R"
+
+
+def _placements(a: Plan, b: Plan) -> list[tuple[str, str, str]]:
+    """Values of both training graphs whose placements differ (by named mesh axis)."""
+    sa, sb = a.completed.specs, b.completed.specs
+    rows = [(v, _named(sa[v]), _named(sb[v])) for v in sa if v in sb]
+    return [row for row in rows if row[1] != row[2]]

@@ -1,0 +1,142 @@
+"""The cost of a lowered plan on a cluster: op times, a timeline, memory, MFU and tokens/s.
+
+    compute ops -> `compute.program_op_times` (roofline or calibrated table)
+    comm ops    -> `comm.step_time` on the links the group's ranks sit on
+    timeline    -> `timeline.simulate` over ranks x streams (one rank per distinct role)
+    memory      -> `memory.memory_profile` (liveness per rank)
+
+Ranks are devices in mesh order: rank r sits on node `r // devices_per_node`. Two ranks have
+the same role when, on every mesh axis, their groups spread over nodes the same way: then
+every op takes the same time on both, so one of them stands for the other in the timeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from shardlab.cost.clusters import Cluster
+from shardlab.cost.comm import step_time
+from shardlab.cost.compute import CalibrationTable, peak_for, program_op_times, training_flops
+from shardlab.cost.memory import MemoryProfile, memory_profile
+from shardlab.cost.timeline import Timeline, mfu, simulate, tokens_per_second
+from shardlab.errors import ClusterError
+from shardlab.ir import Graph, ValueKind
+from shardlab.program import DistOp, DistProgram
+
+
+@dataclass
+class PlanCost:
+    """What one training step of a program costs on a cluster."""
+
+    cluster: Cluster
+    op_times: dict[str, float]  # seconds per program op on rank 0's role
+    timeline: Timeline
+    memory: MemoryProfile
+    model_flops: int  # FLOPs of one training step, all ranks together
+    tokens: int  # tokens per step (global batch x sequence)
+    dtype: str  # the dtype whose peak MFU is measured against
+    devices: int  # ranks of the mesh
+
+    @property
+    def step_time(self) -> float:
+        return self.timeline.step_time
+
+    @property
+    def mfu(self) -> float:
+        peak = peak_for(self.cluster, self.dtype)
+        return mfu(self.model_flops, self.step_time, self.devices, peak)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return tokens_per_second(self.tokens, self.step_time)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline figures, JSON-ready."""
+        rank = 0
+        capacity = self.cluster.hbm_bytes
+        return {
+            "cluster": self.cluster.name,
+            "step_time_s": self.step_time,
+            "mfu": self.mfu,
+            "tokens_per_s": self.tokens_per_second,
+            "model_flops": self.model_flops,
+            "compute_s": self.timeline.compute_time(rank),
+            "comm_s": self.timeline.comm_time(rank),
+            "exposed_comm_s": self.timeline.exposed_comm(rank),
+            "overlap_fraction": self.timeline.overlap_fraction(rank),
+            "peak_memory_bytes": self.memory.peak_bytes,
+            "memory_capacity_bytes": capacity,
+            "fits": self.memory.peak_bytes <= capacity,
+            "memory_breakdown_at_peak": dict(self.memory.breakdown_at_peak),
+            "model_state_bytes": dict(self.memory.model_state),
+        }
+
+
+def tokens_per_step(graph: Graph) -> int:
+    """Tokens one step processes: the elements of the integer input (token ids), else the
+    leading dims of the first input (batch x sequence)."""
+    inputs = graph.values_of_kind(ValueKind.INPUT)
+    ids = [v for v in inputs if not v.type.is_float]
+    source = ids[0] if ids else (inputs[0] if inputs else None)
+    if source is None:
+        return 0
+    shape = source.type.shape
+    return math.prod(shape if ids else shape[:-1] or shape)
+
+
+def role_of_ranks(program: DistProgram, cluster: Cluster) -> dict[int, Hashable]:
+    """Each rank's role: how its group on every mesh axis spreads over nodes."""
+    mesh = program.mesh
+    roles: dict[int, Hashable] = {}
+    for rank in mesh.ranks:
+        shape = []
+        for axis in mesh.axis_names:
+            per_node = Counter(cluster.node_of(r) for r in mesh.group_of(rank, axis))
+            shape.append(tuple(sorted(per_node.values())))
+        roles[rank] = tuple(shape)
+    return roles
+
+
+def cost_program(
+    program: DistProgram,
+    training: Graph,
+    cluster: Cluster,
+    table: CalibrationTable | None = None,
+) -> PlanCost:
+    """Time, memory and throughput of one step of `program` (lowered from `training`)."""
+    if program.mesh.size > cluster.world_size:
+        raise ClusterError(
+            f"mesh {program.mesh} has {program.mesh.size} devices but cluster "
+            f"{cluster.name!r} has {cluster.world_size}",
+            mesh=str(program.mesh),
+            cluster=cluster.name,
+        )
+    compute = program_op_times(program, cluster, table)
+    roles = role_of_ranks(program, cluster)
+    mesh = program.mesh
+
+    def durations(op: DistOp, rank: int) -> float:
+        if op.comm is None:
+            return compute[op.name]
+        return step_time(op.comm, mesh.group_of(rank, op.comm.axis), cluster)
+
+    timeline = simulate(
+        program, durations, overlap_slowdown=cluster.overlap_slowdown, role_of=roles.__getitem__
+    )
+    op_times = {e.name: e.duration for e in timeline.events_of(mesh.ranks[0])}
+    dtypes = Counter(training.type_of(v).dtype for op in training.ops for v in op.outputs)
+    float_dtypes = [d for d, _ in dtypes.most_common() if d.startswith(("float", "bfloat"))]
+    return PlanCost(
+        cluster=cluster,
+        op_times=op_times,
+        timeline=timeline,
+        memory=memory_profile(program, training),
+        model_flops=training_flops(training),
+        tokens=tokens_per_step(training),
+        dtype=float_dtypes[0] if float_dtypes else "float32",
+        devices=mesh.size,
+    )
