@@ -11,6 +11,10 @@
   (Megatron-LM sequence parallelism: 32sbh/t activation bytes per layer without dropout);
   compose after `megatron_tp`.
 - `fsdp`: shard every parameter on the axis along its first dim that divides evenly.
+- `zero1`: shard the optimizer state (moments, float32 master weights) the same way: the
+  optimizer updates its shard and the new parameters are all-gathered (ZeRO stage 1).
+- `zero2`: `zero1` plus the gradients the optimizer reads: they are reduce-scattered
+  instead of all-reduced (ZeRO stage 2). On a training graph only.
 
 Templates match the module paths of Shardlab's presets (`layers.{i}.attn.q_proj.weight`);
 patterns that match nothing in a graph are reported, not errors.
@@ -22,7 +26,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from shardlab.ir import Graph, ValueKind
+from shardlab.ir import Graph, OpRole, ValueKind
 from shardlab.mesh import Mesh
 from shardlab.placement import Placement, Replicate, Shard
 from shardlab.strategy import Annotation, StrategyError, TemplateUse, match_values
@@ -79,22 +83,48 @@ def sequence_parallel(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list
     return out
 
 
-def fsdp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+def _shard_first_divisible(
+    graph: Graph, mesh: Mesh, axis: str, prior: Prior, names: list[str], template: str
+) -> list[Annotation]:
+    """Shard each value on `axis` along its first dim that still divides evenly (after the
+    other axes that already shard that dim)."""
     out = []
     size = mesh.axis_size(axis)
-    for value in graph.values_of_kind(ValueKind.PARAM):
-        if graph.producer(value.name) is not None:
-            continue
-        for dim, extent in enumerate(value.type.shape):
+    for name in names:
+        for dim, extent in enumerate(graph.type_of(name).shape):
             already = math.prod(
                 mesh.axis_size(a)
                 for a in mesh.axis_names
-                if a != axis and prior.get((value.name, a)) == Shard(dim)
+                if a != axis and prior.get((name, a)) == Shard(dim)
             )
             if extent % (already * size) == 0:
-                out.append(_ann(value.name, axis, Shard(dim), "fsdp"))
+                out.append(_ann(name, axis, Shard(dim), template))
                 break
     return out
+
+
+def _sources(graph: Graph, kind: ValueKind) -> list[str]:
+    return [v.name for v in graph.values_of_kind(kind) if graph.producer(v.name) is None]
+
+
+def _optimizer_grads(graph: Graph) -> list[str]:
+    """The gradient each optimizer op reads (its second input)."""
+    return [op.inputs[1] for op in graph.ops if op.role == OpRole.OPTIMIZER]
+
+
+def fsdp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+    params = _sources(graph, ValueKind.PARAM)
+    return _shard_first_divisible(graph, mesh, axis, prior, params, "fsdp")
+
+
+def zero1(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+    states = _sources(graph, ValueKind.STATE)
+    return _shard_first_divisible(graph, mesh, axis, prior, states, "zero1")
+
+
+def zero2(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+    out = zero1(graph, mesh, axis, prior)
+    return out + _shard_first_divisible(graph, mesh, axis, prior, _optimizer_grads(graph), "zero2")
 
 
 TEMPLATES: dict[str, Template] = {
@@ -104,6 +134,8 @@ TEMPLATES: dict[str, Template] = {
         Template("megatron_tp", "tp", "Megatron tensor parallel (column/row, vocab)", megatron_tp),
         Template("sequence_parallel", "tp", "Megatron sequence parallel", sequence_parallel),
         Template("fsdp", "dp", "fully sharded data parallel: shard parameters", fsdp),
+        Template("zero1", "dp", "ZeRO-1: shard optimizer state and master weights", zero1),
+        Template("zero2", "dp", "ZeRO-2: ZeRO-1 plus the gradients", zero2),
     ]
 }
 
