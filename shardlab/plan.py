@@ -1,6 +1,6 @@
 """The pipeline: a model and a strategy -> a `Plan` (training graph, placements, program).
 
-    training_graph -> complete -> lower -> cost (when a cluster is given)
+    training_graph -> complete -> lower -> passes -> cost (when a cluster is given)
 
 `build_plan(model, strategy, cluster=...)` runs it; the module itself is callable, so
 `shardlab.plan(model, strategy)` reads the way people say it. `Plan.summary()` answers the
@@ -16,7 +16,7 @@ import json
 import sys
 import types
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from shardlab.errors import ShardlabError
 from shardlab.graph_json import graph_from_json, graph_to_json
 from shardlab.ir import Graph
 from shardlab.lower import lower
+from shardlab.passes.manager import run_passes
 from shardlab.program import DistProgram
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy
@@ -43,6 +44,27 @@ class PlanFileError(ShardlabError):
 
 
 @dataclass
+class PlanStage:
+    """The program after one pass ("lowered" before any), what changed, and its cost."""
+
+    name: str
+    program: DistProgram
+    summary: dict[str, Any]
+    cost: PlanCost | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, **self.summary}
+        if self.cost is not None:
+            out["step_time_s"] = self.cost.step_time
+            out["peak_memory_bytes"] = self.cost.memory.peak_bytes
+        return out
+
+    def as_plan(self, plan: Plan) -> Plan:
+        """`plan` as it was at this stage (for `compare` and `verify`)."""
+        return replace(plan, program=self.program, cost=self.cost, stages=[])
+
+
+@dataclass
 class Plan:
     """Everything the pipeline produced for one model under one strategy."""
 
@@ -54,6 +76,8 @@ class Plan:
     optimizer: str
     lr: float = 1e-3
     cost: PlanCost | None = None
+    #: the program after lowering and after each pass, with its cost when costed
+    stages: list[PlanStage] = field(default_factory=list)
 
     def collectives_by_kind(self) -> dict[str, dict[str, Any]]:
         """Per comm kind: count, bytes per rank, and the most common reasons.
@@ -95,6 +119,7 @@ class Plan:
             "comm_bytes_per_rank": self.program.comm_bytes_per_rank(),
             "fallback_ops": self.completed.fallback_ops(),
             "unmatched_template_patterns": sorted({a.pattern for a in self.completed.unmatched}),
+            "passes": [stage.to_json() for stage in self.stages[1:]],
             **({"cost": self.cost.summary()} if self.cost else {}),
         }
 
@@ -129,9 +154,14 @@ def build_plan(
         cluster = load_cluster(cluster)
     training = training_graph(model, optimizer=optimizer, lr=lr)
     completed = complete(training, strategy)
-    program = lower(completed)
-    cost = cost_program(program, training, cluster) if cluster is not None else None
-    return Plan(model, strategy, training, completed, program, optimizer, lr, cost)
+    stages = []
+    for stage in run_passes(lower(completed), training, strategy.options.get("passes")):
+        cost = cost_program(stage.program, training, cluster) if cluster is not None else None
+        stages.append(PlanStage(stage.name, stage.program, stage.summary, cost))
+    last = stages[-1]
+    return Plan(
+        model, strategy, training, completed, last.program, optimizer, lr, last.cost, stages
+    )
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:
