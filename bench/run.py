@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import bench_completion, bench_graph_build, bench_lowering
+from bench import bench_completion, bench_graph_build, bench_lowering, bench_passes
 from bench.common import Section
 
-BENCHMARKS = [bench_graph_build, bench_completion, bench_lowering]
+BENCHMARKS = [bench_graph_build, bench_completion, bench_lowering, bench_passes]
 OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 
 

@@ -27,7 +27,7 @@ from shardlab.errors import ShardlabError
 from shardlab.graph_json import graph_from_json, graph_to_json
 from shardlab.ir import Graph
 from shardlab.lower import lower
-from shardlab.passes.manager import run_passes
+from shardlab.passes.manager import PASSES, run_passes
 from shardlab.program import DistProgram
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy
@@ -143,9 +143,11 @@ def build_plan(
     optimizer: str = "adamw",
     lr: float = 1e-3,
     cluster: Cluster | str | None = None,
+    passes: bool = True,
 ) -> Plan:
     """Run the pipeline for `model` (a Graph, or a preset name) under `strategy`; with a
-    `cluster` (a Cluster, a preset name or a cluster file) the plan is costed too."""
+    `cluster` (a Cluster, a preset name or a cluster file) the plan is costed too.
+    `passes=False` stops after lowering (the passes' own tests start from there)."""
     if isinstance(model, str):
         from shardlab.models import build_model
 
@@ -155,7 +157,8 @@ def build_plan(
     training = training_graph(model, optimizer=optimizer, lr=lr)
     completed = complete(training, strategy)
     stages = []
-    for stage in run_passes(lower(completed), training, strategy.options.get("passes")):
+    config = strategy.options.get("passes") if passes else dict.fromkeys(PASSES, False)
+    for stage in run_passes(lower(completed), training, config):
         cost = cost_program(stage.program, training, cluster) if cluster is not None else None
         stages.append(PlanStage(stage.name, stage.program, stage.summary, cost))
     last = stages[-1]

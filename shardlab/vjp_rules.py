@@ -46,6 +46,11 @@ NON_DIFFERENTIABLE: dict[str, str] = {
     },
     "sgd": "an optimizer step",
     "adamw": "an optimizer step",
+    **{k: "a buffer layout op that passes insert after autodiff" for k in ("pack", "unpack")},
+    **{
+        k: "a synchronisation or transfer op that passes insert after autodiff"
+        for k in ("wait", "hold", "free", "send", "recv")
+    },
 }
 
 

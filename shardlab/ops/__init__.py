@@ -11,6 +11,7 @@ from shardlab.ir import Graph, Op, TensorType
 from shardlab.ops import (  # noqa: F401  (imported to register their kinds)
     attention,
     autodiff_ops,
+    buffer_ops,
     elementwise,
     embedding,
     linalg,
@@ -21,6 +22,7 @@ from shardlab.ops import (  # noqa: F401  (imported to register their kinds)
     rope,
     shape,
     softmax,
+    sync_ops,
 )
 from shardlab.ops.base import OpCost, OpDef, all_ops, attach, get_op, register
 

@@ -14,41 +14,16 @@ its cost), so any pass's effect is a `compare` of two neighbouring stages.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from shardlab.errors import ShardlabError
 from shardlab.ir import Graph
+from shardlab.passes import data_parallel as dp
+from shardlab.passes.base import Pass, PassError, PassFn, PassResult
 from shardlab.program import DistProgram
 
-
-class PassError(ShardlabError):
-    """An unknown pass, or an option a pass does not take."""
-
-    code = "invalid_pass"
-
-
-@dataclass(frozen=True)
-class PassResult:
-    """What a pass returns: the new program and what changed."""
-
-    program: DistProgram
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
-PassFn = Callable[[DistProgram, Graph, Mapping[str, Any]], PassResult]
-
-
-@dataclass(frozen=True)
-class Pass:
-    """A registered pass: its function, whether it runs by default, and its options."""
-
-    name: str
-    fn: PassFn
-    doc: str
-    default_on: bool = True
-    options: Mapping[str, Any] = field(default_factory=dict)  # name -> default value
+__all__ = ["PASSES", "Pass", "PassError", "PassFn", "PassResult", "PassStage", "run_passes"]
 
 
 #: Every registered pass, in the order they run.
@@ -104,3 +79,18 @@ def run_passes(program: DistProgram, training: Graph, config: Any) -> list[PassS
         summary = {"ops_before": len(stages[-1].program.ops), "ops_after": len(result.program.ops)}
         stages.append(PassStage(p.name, result.program, {**summary, **result.summary}))
     return stages
+
+
+def _register_builtin_passes() -> None:
+    """The passes Shardlab ships, in the order they run."""
+    register_pass(Pass("dp_grad_scaling", dp.dp_grad_scaling,
+                       "fold per-gradient 1/dp scaling into the loss gradient"))  # fmt: skip
+    register_pass(Pass("dp_fuse_allreduce", dp.dp_fuse_allreduce,
+                       "fuse gradient all-reduces into buckets", True,
+                       {"bucket_mb": dp.DEFAULT_BUCKET_MB}))  # fmt: skip
+    register_pass(Pass("dp_overlap", dp.dp_overlap,
+                       "issue each bucket's all-reduce as soon as its gradients exist and wait "
+                       "right before the first reader"))  # fmt: skip
+
+
+_register_builtin_passes()

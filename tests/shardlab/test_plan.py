@@ -18,7 +18,7 @@ runner = CliRunner()
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])
 def test_dp_all_reduces_every_weight_gradient_with_ring_bytes(ranks: int) -> None:
-    plan = shardlab.plan("mlp_demo", Strategy.build(f"x={ranks}", ["dp"]))
+    plan = shardlab.plan("mlp_demo", Strategy.build(f"x={ranks}", ["dp"]), passes=False)
     assert isinstance(plan, Plan)
     collectives = plan.summary()["collectives"]
     assert list(collectives) == ["all_reduce"]
@@ -43,7 +43,7 @@ def test_summary_counts_ops_by_role_and_matches_the_program() -> None:
 
 
 def test_every_comm_op_records_value_specs_and_consumer() -> None:
-    plan = build_plan("mlp_demo", Strategy.build("x=2", ["dp"]), optimizer="sgd")
+    plan = build_plan("mlp_demo", Strategy.build("x=2", ["dp"]), optimizer="sgd", passes=False)
     comms = [op for op in plan.program.ops if op.is_comm]
     assert {op.attrs["value"] for op in comms} == {"w0.grad", "w1.grad"}
     assert all(op.attrs["consumer"] == "sgd" for op in comms)
@@ -64,3 +64,16 @@ def test_cli_plan_names_a_bad_mesh_axis() -> None:
     result = runner.invoke(app, ["plan", "mlp_demo", "--mesh", "x=2", "--annotate", "w0=q:S(1)"])
     assert result.exit_code == 1
     assert "q" in result.output
+
+
+def test_passes_run_by_default_and_fuse_the_gradient_all_reduces() -> None:
+    plan = shardlab.plan("mlp_demo", Strategy.build("x=4", ["dp"]))
+    assert [s.name for s in plan.stages] == [
+        "lowered",
+        "dp_grad_scaling",
+        "dp_fuse_allreduce",
+        "dp_overlap",
+    ]
+    fused = plan.summary()["passes"][1]
+    assert fused["message"].startswith("2 all-reduces fused into 1")
+    assert plan.summary()["collectives"]["all_reduce"]["count"] == 1

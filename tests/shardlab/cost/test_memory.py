@@ -21,7 +21,7 @@ from shardlab.strategy import Strategy
 
 
 def _plan(model: Graph, mesh: str, templates: list[str], annotations: list[str]) -> Plan:
-    return build_plan(model, Strategy.build(mesh, templates, annotations))
+    return build_plan(model, Strategy.build(mesh, templates, annotations), passes=False)
 
 
 def _profile(plan: Plan) -> MemoryProfile:

@@ -1,0 +1,190 @@
+"""Run a pipelined training step on the simulated mesh and verify it against one device.
+
+`run_pipeline` executes every stage's program on its sub-mesh ranks (numpy, all in one
+process), op by op in `execution_order`: stages take turns, a recv runs only after its
+send. A send copies the blocks of every rank of its stage; the recv hands each block to the
+rank at the same coordinates (on the non-pipeline axes) of the receiving stage. Graph inputs
+are split along dim 0 into the micro-batches.
+
+`verify_pipeline` compares the loss (mean of the micro-batch losses), every accumulated
+parameter gradient and every updated parameter and optimizer state with one device running
+the full batch, with the tolerances of `runtime.verify`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from shardlab.autodiff import training_graph
+from shardlab.errors import ExecutionError
+from shardlab.ir import Graph, ValueKind
+from shardlab.models import build_model, get_preset
+from shardlab.ops.base import Array
+from shardlab.passes.pipeline import PipelineProgram, build_pipeline, execution_order
+from shardlab.passes.pipeline_schedule import p2p_key
+from shardlab.program import DistOp, DistProgram
+from shardlab.runtime.distribute import assemble, distribute
+from shardlab.runtime.reference import run_reference, source_values
+from shardlab.runtime.reshard_exec import apply_step
+from shardlab.runtime.sharded import run_sharded_op
+from shardlab.runtime.verify import TensorCheck, VerifyReport, _compare
+from shardlab.spmd.result import RuleResult
+from shardlab.strategy import Strategy
+
+Blocks = dict[str, dict[int, Array]]
+#: Builds a model's forward graph for a given batch size.
+ModelBuilder = Callable[[int], Graph]
+
+
+def _run_op(program: DistProgram, op: DistOp, blocks: Blocks) -> None:
+    """One compute or reshard op of a stage on all its ranks (as `runtime.simulated` does)."""
+    if op.comm is not None:
+        blocks[op.outputs[0]] = apply_step(blocks[op.inputs[0]], program.mesh, op.comm)
+        return
+    rule = RuleResult(
+        tuple(program.specs[v] for v in op.inputs),
+        tuple(program.specs[v] for v in op.outputs),
+        op.reason,
+        kernel=op.kernel,
+    )
+    local = {r: [blocks[v][r] for v in op.inputs] for r in program.mesh.ranks}
+    outs = run_sharded_op(
+        op.kind,
+        op.attrs,
+        rule,
+        [program.types[v] for v in op.inputs],
+        [program.types[v] for v in op.outputs],
+        local,
+    )
+    for j, v in enumerate(op.outputs):
+        blocks[v] = {r: np.asarray(outs[r][j]) for r in program.mesh.ranks}
+
+
+def run_pipeline_blocks(
+    pipeline: PipelineProgram, sources: Mapping[str, Array], seed: int = 0
+) -> list[Blocks]:
+    """Every stage's blocks of every value it holds after the step."""
+    rng = np.random.default_rng(seed)
+    m_count = pipeline.microbatches
+    blocks: list[Blocks] = [{} for _ in pipeline.stages]
+    for s, feeds in enumerate(pipeline.feeds):
+        program = pipeline.stages[s]
+        for name, feed in feeds.items():
+            if feed.source not in sources:
+                raise ExecutionError(f"no data for source {feed.source!r}", value=feed.source)
+            data = np.asarray(sources[feed.source])
+            if feed.microbatch is not None:
+                if data.ndim == 0 or data.shape[0] % m_count:
+                    raise ExecutionError(
+                        f"input {feed.source!r} of shape {list(data.shape)} does not split into "
+                        f"{m_count} micro-batches along dim 0",
+                        value=feed.source,
+                    )
+                data = np.split(data, m_count, axis=0)[feed.microbatch]
+            want = program.types[name].shape
+            if data.shape != want:
+                raise ExecutionError(
+                    f"source {feed.source!r} gives shape {list(data.shape)} for {name!r} on "
+                    f"stage {s}, which expects {list(want)}",
+                    value=feed.source,
+                )
+            blocks[s][name] = distribute(data, program.specs[name], rng)
+    mailbox: dict[tuple[int, int, str], list[Array]] = {}
+    for s, op in execution_order(pipeline):
+        program = pipeline.stages[s]
+        if op.kind == "send":
+            held = blocks[s][op.inputs[0]]
+            mailbox[p2p_key(s, op)] = [held[r].copy() for r in program.mesh.ranks]
+        elif op.kind == "recv":
+            sent = mailbox.pop(p2p_key(s, op))
+            blocks[s][op.outputs[0]] = dict(zip(program.mesh.ranks, sent, strict=True))
+        else:
+            _run_op(program, op, blocks[s])
+    return blocks
+
+
+def run_pipeline(
+    pipeline: PipelineProgram, sources: Mapping[str, Array], seed: int = 0
+) -> dict[str, Array]:
+    """Global views after one pipelined step, from the global (full-batch) source values.
+
+    Keys: every entry of `pipeline.outputs` (accumulated gradients, new params and state),
+    `<loss>#<m>` per micro-batch and the loss itself (their mean).
+    """
+    blocks = run_pipeline_blocks(pipeline, sources, seed)
+
+    def view(stage: int, value: str) -> Array:
+        program = pipeline.stages[stage]
+        return assemble(blocks[stage][value], program.specs[value], program.types[value].shape)
+
+    out = {name: view(s, value) for name, (s, value) in pipeline.outputs.items()}
+    losses = [view(s, value) for s, value in pipeline.losses]
+    for (_, value), loss in zip(pipeline.losses, losses, strict=True):
+        out[value] = loss
+    out[pipeline.loss] = np.mean(np.stack(losses), axis=0)
+    return out
+
+
+def preset_builder(preset: str, overrides: Mapping[str, object] | None = None) -> ModelBuilder:
+    """A `ModelBuilder` for a model preset with `overrides` (the batch is set per call)."""
+    return lambda batch: build_model(preset, {**(overrides or {}), "batch": batch})
+
+
+def verify_pipeline(
+    model: str | ModelBuilder,
+    strategy: Strategy,
+    *,
+    microbatches: int,
+    schedule: str = "1f1b",
+    virtual_stages: int | None = None,
+    boundaries: Sequence[int] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    batch: int | None = None,
+    optimizer: str = "adamw",
+    lr: float = 1e-3,
+    compute_dtype: str = "float64",
+    seed: int = 0,
+    axis: str = "pp",
+) -> VerifyReport:
+    """One pipelined training step against the full batch on one device.
+
+    `model` is a preset name (with `overrides`; the batch defaults to the preset's) or a
+    function building the forward graph for a batch size (then `batch` is required). The
+    report's `first_divergence` names the first failing tensor (loss, then by name); its
+    summary is the pipeline's summary plus the number of compared tensors.
+    """
+    if isinstance(model, str):
+        if batch is None:
+            given = (overrides or {}).get("batch")
+            batch = get_preset(model).config.batch if given is None else int(str(given))
+        model = preset_builder(model, overrides)
+    if batch is None:
+        raise TypeError("verify_pipeline: `batch` is needed with a model builder")
+    if batch % microbatches:
+        raise ExecutionError(
+            f"batch {batch} does not split into {microbatches} equal micro-batches", batch=batch
+        )
+    full = training_graph(model(batch), optimizer=optimizer, lr=lr)
+    pipeline = build_pipeline(
+        model(batch // microbatches),
+        strategy,
+        microbatches=microbatches,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+        boundaries=boundaries,
+        optimizer=optimizer,
+        lr=lr,
+        axis=axis,
+    )
+    env = run_reference(full, seed=seed, compute_dtype=compute_dtype)
+    got = run_pipeline(pipeline, {v.name: env[v.name] for v in source_values(full)}, seed)
+    loss = pipeline.loss
+    checks: list[TensorCheck] = [_compare(loss, "loss", got[loss], env[loss], compute_dtype)]
+    for name in sorted(pipeline.outputs):
+        kind = "grad" if full.value(name).kind == ValueKind.GRAD else "param"
+        checks.append(_compare(name, kind, got[name], env[name], compute_dtype))
+    failed = [c.name for c in checks if not c.ok]
+    summary = {**pipeline.summary(), "compared": len(checks), "reference_ops": len(full.ops)}
+    return VerifyReport(not failed, compute_dtype, checks, failed[0] if failed else None, summary)
