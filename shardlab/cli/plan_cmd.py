@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,10 +42,25 @@ def plan_cmd(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Save the plan as JSON.")
     ] = None,
+    pass_: Annotated[
+        list[str] | None,
+        typer.Option("--pass", help="Turn a pass on (repeatable); see --no-pass for names."),
+    ] = None,
+    no_pass: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--no-pass",
+            help="Turn a pass off (repeatable): dp_grad_scaling, dp_fuse_allreduce, dp_overlap.",
+        ),
+    ] = None,
+    bucket_mb: Annotated[
+        float | None, typer.Option(help="Gradient all-reduce bucket size in MiB (default 25).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Training graph, placements and the per-rank program; prints collectives and why, and
-    with --cluster the step time, MFU, tokens/s and memory per rank."""
+    """Training graph, placements and the per-rank program after the optimization passes;
+    prints collectives and why, what each pass changed, and with --cluster the step time,
+    MFU, tokens/s and memory per rank (after every pass)."""
     from shardlab.cost.trace import write_chrome_trace
     from shardlab.plan import build_plan, save_plan
 
@@ -53,6 +69,8 @@ def plan_cmd(
             raise ShardlabError("--trace needs --cluster: the timeline comes from the cost model")
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, annotate)
+        options = {"passes": pass_settings(pass_ or [], no_pass or [], bucket_mb)}
+        strategy = dataclasses.replace(strategy, options={**strategy.options, **options})
         plan = build_plan(graph, strategy, optimizer=optimizer, cluster=cluster)
     except ShardlabError as exc:
         fail(exc)
@@ -89,6 +107,15 @@ def compare_cmd(
     typer.echo(json.dumps(result.to_json(), indent=2) if as_json else result.text())
 
 
+def pass_settings(on: list[str], off: list[str], bucket_mb: float | None) -> dict[str, Any]:
+    """`Strategy.options["passes"]` from the CLI flags (names are checked by the manager)."""
+    settings: dict[str, Any] = {name: True for name in on}
+    settings.update(dict.fromkeys(off, False))
+    if bucket_mb is not None and settings.get("dp_fuse_allreduce", True) is not False:
+        settings["dp_fuse_allreduce"] = {"bucket_mb": bucket_mb}
+    return settings
+
+
 def _text(s: dict[str, Any]) -> str:
     """The summary as a few aligned lines a reviewer reads top to bottom."""
     roles = ", ".join(f"{n} {role}" for role, n in s["ops_by_role"].items())
@@ -103,6 +130,9 @@ def _text(s: dict[str, Any]) -> str:
         )
         for r in entry["reasons"]:
             lines.append(f"      {r['count']:>5} x {r['reason']}")
+    for p in s.get("passes", []):
+        step = f", step {p['step_time_s'] * 1e3:.1f} ms" if "step_time_s" in p else ""
+        lines.append(f"pass {p['name']}: {p.get('message', '')}{step}")
     cost = s.get("cost")
     if cost:
         lines += [

@@ -77,3 +77,21 @@ def test_passes_run_by_default_and_fuse_the_gradient_all_reduces() -> None:
     fused = plan.summary()["passes"][1]
     assert fused["message"].startswith("2 all-reduces fused into 1")
     assert plan.summary()["collectives"]["all_reduce"]["count"] == 1
+
+
+def test_cli_pass_flags_turn_passes_off_and_size_buckets() -> None:
+    base = ["plan", "llama3-8b", "--set", "layers=4", "--mesh", "dp=8", "--template", "dp"]
+    data = json.loads(runner.invoke(app, [*base, "--json"]).output)
+    assert [p["name"] for p in data["passes"]] == [
+        "dp_grad_scaling",
+        "dp_fuse_allreduce",
+        "dp_overlap",
+    ]
+    assert data["passes"][1]["message"].startswith("38 all-reduces fused into 34")
+    big = json.loads(runner.invoke(app, [*base, "--bucket-mb", "100", "--json"]).output)
+    assert big["passes"][1]["message"].startswith("38 all-reduces fused into 18")
+    off = json.loads(runner.invoke(app, [*base, "--no-pass", "dp_fuse_allreduce", "--json"]).output)
+    assert [p["name"] for p in off["passes"]] == ["dp_grad_scaling", "dp_overlap"]
+    assert off["collectives"]["all_reduce"]["count"] == 38
+    bad = runner.invoke(app, [*base, "--no-pass", "dp_ovrlap"])
+    assert bad.exit_code == 1 and "unknown pass 'dp_ovrlap'" in bad.output
