@@ -70,7 +70,7 @@ def run() -> Section:
         "Predicted by the cost model (roofline compute, ring/hierarchical collectives, timeline "
         "with compute/comm overlap), not measured. Seed 001 measured +0.22% (fp32) and +1.52% "
         "(fp16) tokens/s over NVLink, +0.3% / +2.1% over SHM, for its pipeline send/wait "
-        "optimization on 4 V100s with GPT-2. Pipeline schedule rows come with the pipeline "
-        f"pass. Building and costing all stages took {time.perf_counter() - started:.1f} s."
+        "optimization on 4 V100s with GPT-2. Pipeline schedules and send/wait: next "
+        f"section. Building and costing all stages took {time.perf_counter() - started:.1f} s."
     )
     return section

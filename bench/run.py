@@ -9,10 +9,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import bench_completion, bench_graph_build, bench_lowering, bench_passes
+from bench import (
+    bench_completion,
+    bench_graph_build,
+    bench_lowering,
+    bench_passes,
+    bench_pipeline,
+)
 from bench.common import Section
 
-BENCHMARKS = [bench_graph_build, bench_completion, bench_lowering, bench_passes]
+BENCHMARKS = [bench_graph_build, bench_completion, bench_lowering, bench_passes, bench_pipeline]
 OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 
 

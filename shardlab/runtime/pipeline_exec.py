@@ -26,6 +26,7 @@ from shardlab.passes.pipeline import PipelineProgram, build_pipeline, execution_
 from shardlab.passes.pipeline_schedule import p2p_key
 from shardlab.program import DistOp, DistProgram
 from shardlab.runtime.distribute import assemble, distribute
+from shardlab.runtime.hazards import SYNC_KINDS
 from shardlab.runtime.reference import run_reference, source_values
 from shardlab.runtime.reshard_exec import apply_step
 from shardlab.runtime.sharded import run_sharded_op
@@ -100,6 +101,8 @@ def run_pipeline_blocks(
         elif op.kind == "recv":
             sent = mailbox.pop(p2p_key(s, op))
             blocks[s][op.outputs[0]] = dict(zip(program.mesh.ranks, sent, strict=True))
+        elif op.kind in SYNC_KINDS:
+            continue  # wait / hold / free order buffers; they compute nothing
         else:
             _run_op(program, op, blocks[s])
     return blocks
