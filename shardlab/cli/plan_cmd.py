@@ -20,7 +20,9 @@ from shardlab.cli.common import (
     fail,
     load_model,
 )
+from shardlab.cli.pipeline_view import micro_model, pipeline_summary, pipeline_text
 from shardlab.errors import ShardlabError
+from shardlab.models.config import parse_overrides
 from shardlab.summary import human
 
 
@@ -56,6 +58,14 @@ def plan_cmd(
     bucket_mb: Annotated[
         float | None, typer.Option(help="Gradient all-reduce bucket size in MiB (default 25).")
     ] = None,
+    schedule: Annotated[
+        str,
+        typer.Option(help="Pipeline schedule on a mesh with a pp axis: gpipe, 1f1b, interleaved."),
+    ] = "1f1b",
+    microbatches: Annotated[int, typer.Option(help="Pipeline micro-batches.")] = 4,
+    virtual_stages: Annotated[
+        int | None, typer.Option(help="Model chunks per pipeline rank (interleaved).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Training graph, placements and the per-rank program after the optimization passes;
@@ -69,6 +79,21 @@ def plan_cmd(
             raise ShardlabError("--trace needs --cluster: the timeline comes from the cost model")
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, annotate)
+        if "pp" in strategy.mesh.axis_names:
+            if output is not None or trace is not None:
+                raise ShardlabError("-o and --trace are not available for pipelines yet")
+            micro = micro_model(model, parse_overrides(set_ or []), graph, microbatches)
+            summary = pipeline_summary(
+                micro,
+                strategy,
+                microbatches=microbatches,
+                schedule=schedule,
+                virtual_stages=virtual_stages,
+                send_wait="pipeline_send_wait" not in (no_pass or []),
+                cluster=cluster,
+            )
+            typer.echo(json.dumps(summary, indent=2) if as_json else pipeline_text(summary))
+            return
         options = {"passes": pass_settings(pass_ or [], no_pass or [], bucket_mb)}
         strategy = dataclasses.replace(strategy, options={**strategy.options, **options})
         plan = build_plan(graph, strategy, optimizer=optimizer, cluster=cluster)

@@ -95,3 +95,19 @@ def test_cli_pass_flags_turn_passes_off_and_size_buckets() -> None:
     assert off["collectives"]["all_reduce"]["count"] == 38
     bad = runner.invoke(app, [*base, "--no-pass", "dp_ovrlap"])
     assert bad.exit_code == 1 and "unknown pass 'dp_ovrlap'" in bad.output
+
+
+def test_cli_plan_on_a_pp_mesh_builds_a_pipeline_and_costs_send_wait() -> None:
+    args = ["plan", "llama3-8b", "--set", "layers=4", "--mesh", "pp=2,dp=2", "--template", "dp",
+            "--schedule", "1f1b", "--microbatches", "4", "--cluster", "h100-sxm-1x8"]  # fmt: skip
+    data = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    pipeline = data["pipeline"]
+    assert (pipeline["schedule"], pipeline["pp"], pipeline["microbatches"]) == ("1f1b", 2, 4)
+    layers = [s["layers"] for s in pipeline["stages"]]
+    assert sorted(sum(layers, [])) == [0, 1, 2, 3] and all(layers)
+    assert data["passes"][0]["message"].endswith("holds added")
+    assert data["cost"]["step_time_s"] <= data["cost_before_send_wait"]["step_time_s"]
+    text = runner.invoke(app, args).output
+    assert "stage 1" in text and "send waits removed" in text
+    bad = runner.invoke(app, [*args[:-2], "--microbatches", "3"])
+    assert bad.exit_code == 1 and "does not split into 3 micro-batches" in bad.output
