@@ -104,7 +104,7 @@ def test_cli_plan_on_a_pp_mesh_builds_a_pipeline_and_costs_send_wait() -> None:
     pipeline = data["pipeline"]
     assert (pipeline["schedule"], pipeline["pp"], pipeline["microbatches"]) == ("1f1b", 2, 4)
     layers = [s["layers"] for s in pipeline["stages"]]
-    assert sorted(sum(layers, [])) == [0, 1, 2, 3] and all(layers)
+    assert sorted(layer for stage in layers for layer in stage) == [0, 1, 2, 3] and all(layers)
     assert data["passes"][0]["message"].endswith("holds added")
     assert data["cost"]["step_time_s"] <= data["cost_before_send_wait"]["step_time_s"]
     text = runner.invoke(app, args).output
