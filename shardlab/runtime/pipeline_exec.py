@@ -24,43 +24,16 @@ from shardlab.models import build_model, get_preset
 from shardlab.ops.base import Array
 from shardlab.passes.pipeline import PipelineProgram, build_pipeline, execution_order
 from shardlab.passes.pipeline_schedule import p2p_key
-from shardlab.program import DistOp, DistProgram
 from shardlab.runtime.distribute import assemble, distribute
 from shardlab.runtime.hazards import SYNC_KINDS
 from shardlab.runtime.reference import run_reference, source_values
-from shardlab.runtime.reshard_exec import apply_step
-from shardlab.runtime.sharded import run_sharded_op
+from shardlab.runtime.simulated import execute_op
 from shardlab.runtime.verify import TensorCheck, VerifyReport, _compare
-from shardlab.spmd.result import RuleResult
 from shardlab.strategy import Strategy
 
 Blocks = dict[str, dict[int, Array]]
 #: Builds a model's forward graph for a given batch size.
 ModelBuilder = Callable[[int], Graph]
-
-
-def _run_op(program: DistProgram, op: DistOp, blocks: Blocks) -> None:
-    """One compute or reshard op of a stage on all its ranks (as `runtime.simulated` does)."""
-    if op.comm is not None:
-        blocks[op.outputs[0]] = apply_step(blocks[op.inputs[0]], program.mesh, op.comm)
-        return
-    rule = RuleResult(
-        tuple(program.specs[v] for v in op.inputs),
-        tuple(program.specs[v] for v in op.outputs),
-        op.reason,
-        kernel=op.kernel,
-    )
-    local = {r: [blocks[v][r] for v in op.inputs] for r in program.mesh.ranks}
-    outs = run_sharded_op(
-        op.kind,
-        op.attrs,
-        rule,
-        [program.types[v] for v in op.inputs],
-        [program.types[v] for v in op.outputs],
-        local,
-    )
-    for j, v in enumerate(op.outputs):
-        blocks[v] = {r: np.asarray(outs[r][j]) for r in program.mesh.ranks}
 
 
 def run_pipeline_blocks(
@@ -104,7 +77,7 @@ def run_pipeline_blocks(
         elif op.kind in SYNC_KINDS:
             continue  # wait / hold / free order buffers; they compute nothing
         else:
-            _run_op(program, op, blocks[s])
+            execute_op(program, op, blocks[s])
     return blocks
 
 

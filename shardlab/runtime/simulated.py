@@ -32,7 +32,7 @@ import numpy as np
 
 from shardlab.errors import ExecutionError
 from shardlab.ops.base import Array
-from shardlab.program import DistProgram
+from shardlab.program import DistOp, DistProgram
 from shardlab.runtime import hazards as hz
 from shardlab.runtime.distribute import assemble, distribute
 from shardlab.runtime.reshard_exec import apply_step
@@ -253,32 +253,38 @@ class _Run:
 
     def make_outputs(self, i: int) -> None:
         """Compute op i's outputs from its inputs' blocks."""
-        op, program, blocks = self.ops[i], self.program, self.blocks
-        if op.kind in hz.SYNC_KINDS:
-            return
-        if op.comm is not None:
-            if len(op.inputs) != len(op.outputs):
-                raise ExecutionError(f"comm op {op.name!r} needs one output per input", op=op.name)
-            for src, dst in zip(op.inputs, op.outputs, strict=True):
-                blocks[dst] = apply_step(blocks[src], program.mesh, op.comm)
-            return
-        rule = RuleResult(
-            tuple(program.specs[v] for v in op.inputs),
-            tuple(program.specs[v] for v in op.outputs),
-            op.reason,
-            kernel=op.kernel,
-        )
-        local = {r: [blocks[v][r] for v in op.inputs] for r in program.mesh.ranks}
-        outs = run_sharded_op(
-            op.kind,
-            op.attrs,
-            rule,
-            [program.types[v] for v in op.inputs],
-            [program.types[v] for v in op.outputs],
-            local,
-        )
-        for j, v in enumerate(op.outputs):
-            blocks[v] = {r: np.asarray(outs[r][j]) for r in program.mesh.ranks}
+        execute_op(self.program, self.ops[i], self.blocks)
+
+
+def execute_op(program: DistProgram, op: DistOp, blocks: Blocks) -> None:
+    """Run one op of `program` on every rank of its mesh, writing its outputs' blocks:
+    a comm step per (input, output) pair, a compute op through its rule's local kernel,
+    nothing for synchronisation kinds (wait, hold, free)."""
+    if op.kind in hz.SYNC_KINDS:
+        return
+    if op.comm is not None:
+        if len(op.inputs) != len(op.outputs):
+            raise ExecutionError(f"comm op {op.name!r} needs one output per input", op=op.name)
+        for src, dst in zip(op.inputs, op.outputs, strict=True):
+            blocks[dst] = apply_step(blocks[src], program.mesh, op.comm)
+        return
+    rule = RuleResult(
+        tuple(program.specs[v] for v in op.inputs),
+        tuple(program.specs[v] for v in op.outputs),
+        op.reason,
+        kernel=op.kernel,
+    )
+    local = {r: [blocks[v][r] for v in op.inputs] for r in program.mesh.ranks}
+    outs = run_sharded_op(
+        op.kind,
+        op.attrs,
+        rule,
+        [program.types[v] for v in op.inputs],
+        [program.types[v] for v in op.outputs],
+        local,
+    )
+    for j, v in enumerate(op.outputs):
+        blocks[v] = {r: np.asarray(outs[r][j]) for r in program.mesh.ranks}
 
 
 def _same_blocks(want: Blocks, got: Blocks, what: str) -> None:
