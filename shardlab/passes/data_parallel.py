@@ -455,6 +455,9 @@ def dp_overlap(program: DistProgram, training: Graph, options: Mapping[str, Any]
     old_index = {op.name: i for i, op in enumerate(ops)}
     earlier = [old_index[op.name] - new_index[op.name] for op in grads]
     moved = sum(1 for e in earlier if e > 0)
+    # every gradient comm step counts (reduce-scatters under ZeRO, slices), not only all-reduces
+    steps = [op for op in ops if op.name in up and op.is_comm]
+    steps_moved = sum(1 for op in steps if new_index[op.name] < old_index[op.name])
     during = [_during_backward(o, [op.name for op in grads]) for o in (ops, new_ops)]
     summary = {
         "all_reduces": len(grads),
@@ -464,8 +467,10 @@ def dp_overlap(program: DistProgram, training: Graph, options: Mapping[str, Any]
         "issued_during_backward_before": during[0],
         "issued_during_backward_after": during[1],
         "wait": "wait ops" if waits else "deps: unpack -> all_reduce, optimizer -> unpack",
-        "message": f"{moved} of {len(grads)} gradient all-reduces moved up to right after their "
-        f"last gradient; {during[1]} start before the backward ends (was {during[0]})",
+        "comm_steps_moved": steps_moved,
+        "message": f"{steps_moved} of {len(steps)} gradient comm ops moved up to right after "
+        f"their last gradient ({moved} of {len(grads)} all-reduces); {during[1]} all-reduces "
+        f"start before the backward ends (was {during[0]})",
     }
     return PassResult(_with(program, new_ops), summary)
 

@@ -328,7 +328,7 @@ def test_overlap_issues_all_reduces_right_after_their_last_gradient(
             assert set(nxt.inputs) & set(op.outputs) and op.name in nxt.deps
     s = result.summary
     assert s["moved"] > 0 and s["issued_during_backward_after"] > s["issued_during_backward_before"]
-    assert s["wait"].startswith("deps") and "gradient all-reduces moved up" in s["message"]
+    assert s["wait"].startswith("deps") and "gradient comm ops moved up" in s["message"]
 
 
 def test_overlap_inserts_wait_ops_once_the_kind_exists(monkeypatch: pytest.MonkeyPatch) -> None:
