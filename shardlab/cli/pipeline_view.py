@@ -1,7 +1,8 @@
 """`shardlab plan` on a mesh with a `pp` axis: the pipelined plan, its schedule and cost.
 
 The pipeline is built from the graph of ONE micro-batch, so the model must be a preset (it is
-rebuilt with `batch / microbatches`). The send/wait pass (seed 001) runs unless turned off
+rebuilt with `batch / microbatches`). The data-parallel passes run on every stage program
+(as configured with --pass/--no-pass), then the send/wait pass (seed 001) unless turned off
 with `--no-pass pipeline_send_wait`; with a cluster, the step time is predicted before and
 after it.
 """
@@ -17,6 +18,7 @@ from shardlab.errors import PresetError
 from shardlab.ir import Graph
 from shardlab.models import PRESETS, build_model
 from shardlab.passes.pipeline import build_pipeline
+from shardlab.passes.pipeline_passes import apply_stage_passes
 from shardlab.passes.send_wait import pipeline_send_wait, with_send_waits
 from shardlab.strategy import Strategy
 
@@ -59,18 +61,21 @@ def pipeline_summary(
         schedule=schedule,
         virtual_stages=virtual_stages,
     )
+    training = training_graph(micro)
+    config = {k: v for k, v in (strategy.options.get("passes") or {}).items() if k != SEND_WAIT}
+    pipeline, stage_passes = apply_stage_passes(pipeline, training, config)
     baseline = with_send_waits(pipeline)
     final, changes = pipeline_send_wait(pipeline) if send_wait else (baseline, None)
+    passes = [{"name": p["pass"], "message": p["message"]} for p in stage_passes]
     out: dict[str, Any] = {
         "model": micro.name,
         "mesh": str(strategy.mesh),
         "strategy": strategy.describe(),
         "pipeline": final.summary(),
-        "passes": [{"name": SEND_WAIT, **changes.to_json()}] if changes else [],
+        "passes": passes + ([{"name": SEND_WAIT, **changes.to_json()}] if changes else []),
     }
     if cluster is not None:
         c = load_cluster(cluster)
-        training = training_graph(micro)
         before = cost_pipeline(baseline, training, c)
         after = cost_pipeline(final, training, c)
         out["cost"] = after.summary()

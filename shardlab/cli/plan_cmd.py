@@ -79,6 +79,8 @@ def plan_cmd(
             raise ShardlabError("--trace needs --cluster: the timeline comes from the cost model")
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, annotate)
+        options = {"passes": pass_settings(pass_ or [], no_pass or [], bucket_mb)}
+        strategy = dataclasses.replace(strategy, options={**strategy.options, **options})
         if "pp" in strategy.mesh.axis_names:
             if output is not None or trace is not None:
                 raise ShardlabError("-o and --trace are not available for pipelines yet")
@@ -89,13 +91,11 @@ def plan_cmd(
                 microbatches=microbatches,
                 schedule=schedule,
                 virtual_stages=virtual_stages,
-                send_wait="pipeline_send_wait" not in (no_pass or []),
+                send_wait=options["passes"].get("pipeline_send_wait") is not False,
                 cluster=cluster,
             )
             typer.echo(json.dumps(summary, indent=2) if as_json else pipeline_text(summary))
             return
-        options = {"passes": pass_settings(pass_ or [], no_pass or [], bucket_mb)}
-        strategy = dataclasses.replace(strategy, options={**strategy.options, **options})
         plan = build_plan(graph, strategy, optimizer=optimizer, cluster=cluster)
     except ShardlabError as exc:
         fail(exc)

@@ -29,8 +29,9 @@ their names. The gradient the optimizer reads is summed over micro-batches by `a
 `<grad>.acc` (micro-batch 0 starts it), so the reshards between it and the optimizer (the
 data-parallel gradient all-reduce) run once, on the sum. The loss gradient seed is scaled
 by 1/M: the summed gradient is the gradient of the mean of the micro-batch losses (the
-full-batch loss when the loss is a mean). Passes (`passes.manager`) are not applied to the
-stage programs.
+full-batch loss when the loss is a mean). The data-parallel passes run on every stage
+program through `passes.pipeline_passes.apply_stage_passes`; the send/wait pass is
+`passes.send_wait`.
 """
 
 from __future__ import annotations

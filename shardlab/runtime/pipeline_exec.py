@@ -123,13 +123,15 @@ def verify_pipeline(
     compute_dtype: str = "float64",
     seed: int = 0,
     axis: str = "pp",
+    transform: Callable[[PipelineProgram], PipelineProgram] | None = None,
 ) -> VerifyReport:
     """One pipelined training step against the full batch on one device.
 
     `model` is a preset name (with `overrides`; the batch defaults to the preset's) or a
     function building the forward graph for a batch size (then `batch` is required). The
     report's `first_divergence` names the first failing tensor (loss, then by name); its
-    summary is the pipeline's summary plus the number of compared tensors.
+    summary is the pipeline's summary plus the number of compared tensors. `transform`, when
+    given, rewrites the built pipeline before it runs (e.g. passes on its stage programs).
     """
     if isinstance(model, str):
         if batch is None:
@@ -154,6 +156,8 @@ def verify_pipeline(
         lr=lr,
         axis=axis,
     )
+    if transform is not None:
+        pipeline = transform(pipeline)
     env = run_reference(full, seed=seed, compute_dtype=compute_dtype)
     got = run_pipeline(pipeline, {v.name: env[v.name] for v in source_values(full)}, seed)
     loss = pipeline.loss

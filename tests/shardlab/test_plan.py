@@ -105,8 +105,13 @@ def test_cli_plan_on_a_pp_mesh_builds_a_pipeline_and_costs_send_wait() -> None:
     assert (pipeline["schedule"], pipeline["pp"], pipeline["microbatches"]) == ("1f1b", 2, 4)
     layers = [s["layers"] for s in pipeline["stages"]]
     assert sorted(layer for stage in layers for layer in stage) == [0, 1, 2, 3] and all(layers)
-    assert data["passes"][0]["message"].endswith("holds added")
+    assert data["passes"][-1]["message"].endswith("holds added")
     assert data["cost"]["step_time_s"] <= data["cost_before_send_wait"]["step_time_s"]
+    names = [p["name"] for p in data["passes"]]
+    assert names == ["dp_grad_scaling", "dp_fuse_allreduce", "dp_overlap", "pipeline_send_wait"]
+    off = runner.invoke(app, [*args, "--no-pass", "dp_overlap", "--no-pass",
+                              "pipeline_send_wait", "--json"])  # fmt: skip
+    assert [p["name"] for p in json.loads(off.output)["passes"]] == names[:2]
     text = runner.invoke(app, args).output
     assert "stage 1" in text and "send waits removed" in text
     bad = runner.invoke(app, [*args[:-2], "--microbatches", "3"])

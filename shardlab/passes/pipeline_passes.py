@@ -1,0 +1,85 @@
+"""Run the registered program passes (`passes.manager`) on every stage of a pipeline.
+
+What it is for: `build_pipeline` lowers one micro-batch and splits it into per-stage
+`DistProgram`s; their data-parallel gradient all-reduces run once per parameter, on the
+gradient accumulated over the micro-batches (`<grad>.acc`), right before the optimizer. The
+data-parallel passes (`dp_grad_scaling`, `dp_fuse_allreduce`, `dp_overlap`) are program
+passes, so they apply to each stage program as they are; `apply_stage_passes` runs them in
+the manager's order on every stage and adds up what they changed.
+
+`training` is the training graph of ONE micro-batch (`training_graph(micro_model)`): the
+passes look up serial value names there (`<grad>` of an all-reduce's attr `value`, the
+loss), which the stage programs keep for their accumulated gradients and all-reduces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from shardlab.ir import Graph
+from shardlab.passes.manager import resolve_passes
+from shardlab.passes.pipeline import PipelineProgram
+from shardlab.program import DistProgram
+
+__all__ = ["aggregate_summaries", "apply_stage_passes"]
+
+#: Integer summary fields that are settings or ids, not counts: not summed over stages.
+NOT_SUMMED = frozenset({"stage", "bucket_bytes"})
+
+
+def apply_stage_passes(
+    pipeline: PipelineProgram, training: Graph, config: Any
+) -> tuple[PipelineProgram, list[dict[str, Any]]]:
+    """The pipeline with the passes of `config` (as `Strategy.options["passes"]`) run on every
+    stage program, and one summary per pass that ran, aggregated over the stages."""
+    passes = resolve_passes(config)
+    stages: list[DistProgram] = list(pipeline.stages)
+    summaries: list[dict[str, Any]] = []
+    for p, options in passes:
+        per_stage: list[dict[str, Any]] = []
+        for s, program in enumerate(stages):
+            result = p.fn(program, training, options)
+            sizes = {"ops_before": len(program.ops), "ops_after": len(result.program.ops)}
+            per_stage.append({"stage": s, **sizes, **result.summary})
+            stages[s] = result.program
+        summaries.append(aggregate_summaries(p.name, per_stage))
+    return dataclasses.replace(pipeline, stages=stages), summaries
+
+
+def aggregate_summaries(name: str, per_stage: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One pass's summary over the stages: its integer counts summed (ops, all-reduces,
+    buckets, bytes; tallies such as `closed_by` key by key), a message from those sums, and
+    the stage summaries, unchanged, in `stages`."""
+    totals: dict[str, int] = {}
+    tallies: dict[str, dict[str, int]] = {}
+    for summary in per_stage:
+        for key, value in summary.items():
+            if _is_count(value) and key not in NOT_SUMMED:
+                totals[key] = totals.get(key, 0) + value
+            elif isinstance(value, dict) and value and all(map(_is_count, value.values())):
+                tally = tallies.setdefault(key, {})
+                for k, v in value.items():
+                    tally[k] = tally.get(k, 0) + v
+    message = _message(name, totals, per_stage)
+    return {"pass": name, **totals, **tallies, "message": message, "stages": list(per_stage)}
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _message(name: str, totals: dict[str, int], per_stage: Sequence[dict[str, Any]]) -> str:
+    """What the pass did over all stages: its known counts, else the stage messages."""
+    n = len(per_stage)
+    if name == "dp_fuse_allreduce" and "all_reduces_before" in totals:
+        before, after = totals["all_reduces_before"], totals["all_reduces_after"]
+        return f"{before} all-reduces fused into {after} over {n} stages"
+    if name == "dp_overlap" and "all_reduces" in totals:
+        moved, count = totals.get("moved", 0), totals["all_reduces"]
+        return f"{moved} of {count} gradient all-reduces moved up over {n} stages"
+    if name == "dp_grad_scaling" and "scale_ops_before" in totals:
+        before, after = totals["scale_ops_before"], totals["scale_ops_after"]
+        return f"{before} gradient scale ops before, {after} after, over {n} stages"
+    return "; ".join(f"stage {s['stage']}: {s.get('message', '-')}" for s in per_stage)
