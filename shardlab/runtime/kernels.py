@@ -160,14 +160,31 @@ def shape_attr_local(
 
 def cross_entropy_grad_sharded(
     kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
-) -> KernelResult:
-    """A mean-reduced loss divides by the global token count, not the local one."""
-    impl = get_op(kind).numpy_impl
-    assert impl is not None, kind
-    (dlogits,) = impl(xs, attrs)
-    if attrs.get("reduction", "mean") == "mean":
-        dlogits = dlogits * (xs[1].size / math.prod(ctx.input_types[1].shape))
-    return [dlogits]
+) -> Generator[CollectiveRequest, Array, list[Array]]:
+    """dlogits of a block of tokens and (vocab parallel) a block of the vocab.
+
+    A mean-reduced loss divides by the global token count, not the local one. With the vocab
+    sharded, the softmax needs the max and the sum of exponentials over the whole vocab: both
+    are all-reduced over the vocab axes (as in the forward), and each rank subtracts the
+    one-hot only where it holds the target.
+    """
+    logits, labels, dloss = xs
+    axes = ctx.axes_sharding(0, logits.ndim - 1)
+    start, stop = ctx.input_range(0)[-1]
+    peak = np.max(logits, axis=-1)
+    if axes:
+        peak = yield CollectiveRequest("max", axes, peak)
+    exp = np.exp(logits - peak[..., None])
+    total = np.sum(exp, axis=-1)
+    if axes:
+        total = yield CollectiveRequest("sum", axes, total)
+    grad = exp / total[..., None]
+    inside = (labels >= start) & (labels < stop)
+    local = np.where(inside, labels - start, 0).astype(np.int64)[..., None]
+    hit = np.take_along_axis(grad, local, axis=-1) - inside[..., None]
+    np.put_along_axis(grad, local, hit, axis=-1)
+    n = math.prod(ctx.input_types[1].shape) if attrs.get("reduction", "mean") == "mean" else 1
+    return [grad * (dloss / n)]
 
 
 KERNELS: dict[str, Kernel] = {

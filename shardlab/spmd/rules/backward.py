@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from shardlab.ir import TensorType
 from shardlab.ops import attach
 from shardlab.ops.base import attr_int, normalize_dim
 from shardlab.ops.reduce import reduce_dims
 from shardlab.placement import Shard
 from shardlab.spmd.einsum import UNSHARDABLE, Signature, broadcast_letters, solve
-from shardlab.spmd.result import RuleContext, RuleResult
+from shardlab.spmd.result import InnerComm, RuleContext, RuleResult
 
 LETTERS = "abcdefg"
 
@@ -59,13 +60,30 @@ def attention_grad_rule(ctx: RuleContext) -> RuleResult:
 
 
 def cross_entropy_grad_rule(ctx: RuleContext) -> RuleResult:
-    """(logits, labels, dloss) -> dlogits: the vocab dim whole, leading dims follow."""
+    """(logits, labels, dloss) -> dlogits: tokens and the vocab may both be sharded.
+
+    Kernel `cross_entropy_grad_sharded` divides a mean by the global token count and, with
+    the vocab sharded (Megatron's vocab-parallel loss backward), all-reduces the max and the
+    sum of exponentials over the vocab axes inside the op, so dlogits stay vocab-sharded and
+    the LM head's weight gradient is computed on each rank's vocab block only.
+    """
     logits = ctx.output_types[0]
     lead, vocab = LETTERS[: logits.rank - 1], LETTERS[logits.rank - 1]
-    kernels = {letter: "cross_entropy_grad_sharded" for letter in lead}
-    sig = Signature((lead + vocab, lead, ""), (lead + vocab,), whole=frozenset({vocab}),
-                    kernels=kernels)  # fmt: skip
-    return solve(ctx, sig)
+    kernels = dict.fromkeys(lead + vocab, "cross_entropy_grad_sharded")
+    sig = Signature((lead + vocab, lead, ""), (lead + vocab,), kernels=kernels)
+    result = solve(ctx, sig)
+    axes = tuple(c.axis for c in result.choices if c.choice == vocab)
+    if not axes:
+        return result
+    stats = TensorType(logits.shape[:-1], "float32")
+    over = ", ".join(axes)
+    comms = (
+        InnerComm("all_reduce", "max", axes, stats,
+                  f"vocab-parallel cross entropy backward: the max logit per token over {over}"),
+        InnerComm("all_reduce", "sum", axes, stats,
+                  f"vocab-parallel cross entropy backward: the softmax denominator over {over}"),
+    )  # fmt: skip
+    return dataclasses.replace(result, inner_comms=comms)
 
 
 def embedding_grad_rule(ctx: RuleContext) -> RuleResult:

@@ -119,16 +119,22 @@ def _with_scales(
     """The plan with a `scale` by `factor` after each gradient all-reduce (before it for the
     first `before` of them; the last `skip` gradients get none), as another framework writes
     it. Without `loss_scale`, each rank's loss gradient divides by its own token count
-    (Paddle: dp times too large after the all-reduce, hence factor 1/dp); with it, the seed
-    d(loss) is `loss_scale` (static loss scaling: factor 1/loss_scale)."""
+    (Paddle: dp times too large after the all-reduce, hence factor 1/dp; with the vocab
+    sharded the vocab-parallel kernel is needed, so a seed d(loss) of dp stands in for it);
+    with it, the seed d(loss) is `loss_scale` (static loss scaling: factor 1/loss_scale)."""
     program = plan.program
     reduces = [op for op in program.ops if is_grad_all_reduce(op)]
     scaled = {op.name: i for i, op in enumerate(reduces[: len(reduces) - skip])}
     renamed: dict[str, str] = {}  # all-reduced gradient -> its scaled version
     ops: list[DistOp] = []
     types, specs = dict(program.types), dict(program.specs)
+    vocab = any(
+        _vocab_sharded(program, op) for op in program.ops if op.kind == "cross_entropy_grad"
+    )
+    if loss_scale is None and vocab:
+        loss_scale = 1 / factor
     for op in program.ops:
-        if op.kernel == "cross_entropy_grad_sharded" and loss_scale is None:
+        if op.kernel == "cross_entropy_grad_sharded" and loss_scale is None and not vocab:
             op = dataclasses.replace(op, kernel="default")
         if op.name == "loss.grad_seed" and loss_scale is not None:
             op = dataclasses.replace(op, attrs={**op.attrs, "value": loss_scale})
@@ -148,6 +154,13 @@ def _with_scales(
             ops += [op, scale]
             renamed[x] = y
     return DistProgram(program.mesh, _fix_deps(ops), types, specs, dict(program.values))
+
+
+def _vocab_sharded(program: DistProgram, op: DistOp) -> bool:
+    """Whether the logits `op` reads are sharded along the vocab (their last dim)."""
+    logits = op.inputs[0]
+    last = program.types[logits].rank - 1
+    return any(isinstance(p, Shard) and p.dim == last for p in program.specs[logits].placements)
 
 
 def _fix_deps(ops: list[DistOp]) -> list[DistOp]:
@@ -181,7 +194,7 @@ def test_scale_ops_fold_into_the_loss_gradient_and_verify(
     assert s["factors"] == [factor] and len(s["values"]) == reduces
     assert not any(op.kind == "scale" for op in result.program.ops)
     ops = {op.name: op for op in result.program.ops}
-    if loss_scale is None:  # the per-rank mean becomes a global one
+    if loss_scale is None and mesh == "dp=4":  # the per-rank mean becomes a global one
         assert s["folded_into"] == "loss.bwd0"
         assert ops["loss.bwd0"].kernel == "cross_entropy_grad_sharded"
     else:
