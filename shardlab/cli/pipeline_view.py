@@ -18,7 +18,7 @@ from shardlab.errors import PresetError
 from shardlab.ir import Graph
 from shardlab.models import PRESETS, build_model
 from shardlab.passes.pipeline import build_pipeline
-from shardlab.passes.pipeline_passes import apply_stage_passes
+from shardlab.passes.pipeline_passes import stage_pass_steps
 from shardlab.passes.send_wait import pipeline_send_wait, with_send_waits
 from shardlab.strategy import Strategy
 
@@ -63,23 +63,28 @@ def pipeline_summary(
     )
     training = training_graph(micro)
     config = {k: v for k, v in (strategy.options.get("passes") or {}).items() if k != SEND_WAIT}
-    pipeline, stage_passes = apply_stage_passes(pipeline, training, config)
-    baseline = with_send_waits(pipeline)
-    final, changes = pipeline_send_wait(pipeline) if send_wait else (baseline, None)
-    passes = [{"name": p["pass"], "message": p["message"]} for p in stage_passes]
+    built = {"pass": "lowered", "message": "as built (a wait after each forward send)"}
+    steps = [(pipeline, built), *stage_pass_steps(pipeline, training, config)]
+    steps = [(with_send_waits(program), summary) for program, summary in steps]
+    baseline = steps[-1][0]
+    final, changes = pipeline_send_wait(baseline) if send_wait else (baseline, None)
+    passes = [{"name": s["pass"], "message": s["message"]} for _, s in steps]
+    if changes is not None:
+        steps.append((final, {"pass": SEND_WAIT, **changes.to_json()}))
+        passes.append({"name": SEND_WAIT, **changes.to_json()})
     out: dict[str, Any] = {
         "model": micro.name,
         "mesh": str(strategy.mesh),
         "strategy": strategy.describe(),
         "pipeline": final.summary(),
-        "passes": passes + ([{"name": SEND_WAIT, **changes.to_json()}] if changes else []),
+        "passes": passes,
     }
     if cluster is not None:
         c = load_cluster(cluster)
-        before = cost_pipeline(baseline, training, c)
-        after = cost_pipeline(final, training, c)
-        out["cost"] = after.summary()
-        out["cost_before_send_wait"] = before.summary()
+        for entry, (program, _) in zip(passes, steps, strict=True):
+            entry["step_time_s"] = cost_pipeline(program, training, c).step_time
+        out["cost"] = cost_pipeline(final, training, c).summary()
+        out["cost_before_send_wait"] = cost_pipeline(baseline, training, c).summary()
     return out
 
 
@@ -96,7 +101,8 @@ def pipeline_text(s: dict[str, Any]) -> str:
             f"{st['sends']} sends, {st['recvs']} recvs, ranks {st['ranks']}"
         )
     for change in s["passes"]:
-        lines.append(f"pass {change['name']}: {change['message']}")
+        step = f" -> step {change['step_time_s'] * 1e3:.1f} ms" if "step_time_s" in change else ""
+        lines.append(f"pass {change['name']}: {change['message']}{step}")
     if "cost" in s:
         before, after = s["cost_before_send_wait"], s["cost"]
         gain = before["step_time_s"] / after["step_time_s"] - 1

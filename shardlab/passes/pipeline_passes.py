@@ -23,29 +23,37 @@ from shardlab.passes.manager import resolve_passes
 from shardlab.passes.pipeline import PipelineProgram
 from shardlab.program import DistProgram
 
-__all__ = ["aggregate_summaries", "apply_stage_passes"]
+__all__ = ["aggregate_summaries", "apply_stage_passes", "stage_pass_steps"]
 
 #: Integer summary fields that are settings or ids, not counts: not summed over stages.
 NOT_SUMMED = frozenset({"stage", "bucket_bytes"})
 
 
-def apply_stage_passes(
+def stage_pass_steps(
     pipeline: PipelineProgram, training: Graph, config: Any
-) -> tuple[PipelineProgram, list[dict[str, Any]]]:
-    """The pipeline with the passes of `config` (as `Strategy.options["passes"]`) run on every
-    stage program, and one summary per pass that ran, aggregated over the stages."""
-    passes = resolve_passes(config)
+) -> list[tuple[PipelineProgram, dict[str, Any]]]:
+    """The pipeline after each pass of `config` (as `Strategy.options["passes"]`) that ran on
+    every stage program, in order, with that pass's summary aggregated over the stages."""
+    steps: list[tuple[PipelineProgram, dict[str, Any]]] = []
     stages: list[DistProgram] = list(pipeline.stages)
-    summaries: list[dict[str, Any]] = []
-    for p, options in passes:
+    for p, options in resolve_passes(config):
         per_stage: list[dict[str, Any]] = []
         for s, program in enumerate(stages):
             result = p.fn(program, training, options)
             sizes = {"ops_before": len(program.ops), "ops_after": len(result.program.ops)}
             per_stage.append({"stage": s, **sizes, **result.summary})
             stages[s] = result.program
-        summaries.append(aggregate_summaries(p.name, per_stage))
-    return dataclasses.replace(pipeline, stages=stages), summaries
+        after = dataclasses.replace(pipeline, stages=list(stages))
+        steps.append((after, aggregate_summaries(p.name, per_stage)))
+    return steps
+
+
+def apply_stage_passes(
+    pipeline: PipelineProgram, training: Graph, config: Any
+) -> tuple[PipelineProgram, list[dict[str, Any]]]:
+    """The pipeline after every pass of `config`, and one summary per pass that ran."""
+    steps = stage_pass_steps(pipeline, training, config)
+    return (steps[-1][0] if steps else pipeline), [summary for _, summary in steps]
 
 
 def aggregate_summaries(name: str, per_stage: Sequence[dict[str, Any]]) -> dict[str, Any]:

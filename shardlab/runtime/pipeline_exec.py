@@ -36,10 +36,11 @@ Blocks = dict[str, dict[int, Array]]
 ModelBuilder = Callable[[int], Graph]
 
 
-def run_pipeline_blocks(
+def stage_feeds(
     pipeline: PipelineProgram, sources: Mapping[str, Array], seed: int = 0
 ) -> list[Blocks]:
-    """Every stage's blocks of every value it holds after the step."""
+    """Every stage's blocks of its fed values (inputs split into micro-batches, parameters
+    and state whole), from the global full-batch sources; `seed` splits partial ones."""
     rng = np.random.default_rng(seed)
     m_count = pipeline.microbatches
     blocks: list[Blocks] = [{} for _ in pipeline.stages]
@@ -65,6 +66,14 @@ def run_pipeline_blocks(
                     value=feed.source,
                 )
             blocks[s][name] = distribute(data, program.specs[name], rng)
+    return blocks
+
+
+def run_pipeline_blocks(
+    pipeline: PipelineProgram, sources: Mapping[str, Array], seed: int = 0
+) -> list[Blocks]:
+    """Every stage's blocks of every value it holds after the step (program order)."""
+    blocks = stage_feeds(pipeline, sources, seed)
     mailbox: dict[tuple[int, int, str], list[Array]] = {}
     for s, op in execution_order(pipeline):
         program = pipeline.stages[s]

@@ -19,14 +19,16 @@ reads or writes, touching a freed buffer, reading a version already overwritten 
 Numerics do not depend on the order, so a hazard-free program gives bit-identical blocks under
 every interleaving (`run_interleavings` checks it). The returned blocks hold every value ever
 made, freed and overwritten ones included (buffers are modelled, not reused).
-`send` / `recv` do not run here yet (ExecutionError); `check_hazards` covers them.
+A single program's `send` / `recv` do not run here (ExecutionError): they need their peer
+program, so `runtime.pipeline_interleave` runs the stage programs of a pipeline together,
+with a `Mailbox` carrying each send's blocks to its recv.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -108,7 +110,7 @@ def _execute(
     blocks: Blocks = {}
     for name, data in sources.items():
         blocks[name] = distribute(np.asarray(data), program.specs[name], rng)
-    run = _Run(program, analysis.bufs, blocks, interleave)
+    run = ProgramRun(program, analysis.bufs, blocks, interleave)
     if interleave is None:
         for i in range(len(program.ops)):
             run.issue(i)
@@ -117,7 +119,7 @@ def _execute(
     else:
         assert analysis.preds is not None
         order = random.Random(interleave)
-        for i, done in _random_events(analysis.preds, analysis.asynchronous, order):
+        for i, done in random_events(analysis.preds, analysis.asynchronous, order):
             if done and analysis.asynchronous[i]:
                 run.complete(i)
             else:
@@ -125,14 +127,38 @@ def _execute(
     return blocks
 
 
-def _random_events(
-    preds: list[list[int]], asynchronous: list[bool], rng: random.Random
+@dataclass
+class Mailbox:
+    """Messages in flight between programs: a completed send leaves a copy of every rank's
+    block under its key, the matching recv takes them (rank i's block to the peer program's
+    i-th rank). `key` maps a send or recv op of this program to the key they pair by."""
+
+    key: Callable[[DistOp], Hashable]
+    messages: dict[Hashable, list[Array]] = field(default_factory=dict)
+
+    def view(self, key: Callable[[DistOp], Hashable]) -> Mailbox:
+        """The same messages, seen from another program (with its own key function)."""
+        return Mailbox(key, self.messages)
+
+
+def random_events(
+    preds: list[list[int]],
+    asynchronous: list[bool],
+    rng: random.Random,
+    done_after: Mapping[int, list[int]] | None = None,
 ) -> Iterator[tuple[int, bool]]:
     """A random linear extension of the events (op, done): an async op is issued (done False)
-    once its HB predecessors are done and is done later; a sync op has only its done event."""
+    once its HB predecessors are done and is done later; a sync op has only its done event.
+    `done_after[b]` lists ops whose done events must precede b's done event (a recv completes
+    only after its send). With such extra edges the events can stall: the caller sees fewer
+    events than ops."""
     n = len(preds)
     waiting = [0] * (2 * n)
     then: list[list[int]] = [[] for _ in range(2 * n)]
+    for b, afters in (done_after or {}).items():
+        for a in afters:
+            then[2 * a + 1].append(2 * b + 1)
+        waiting[2 * b + 1] += len(afters)
     for i, ps in enumerate(preds):
         start = 2 * i if asynchronous[i] else 2 * i + 1
         for p in ps:
@@ -153,13 +179,19 @@ def _random_events(
                 ready.append(nxt)
 
 
-class _Run:
+class ProgramRun:
     """One execution: the blocks made so far and the state of every buffer."""
 
     def __init__(
-        self, program: DistProgram, bufs: hz.Buffers, blocks: Blocks, interleave: int | None
+        self,
+        program: DistProgram,
+        bufs: hz.Buffers,
+        blocks: Blocks,
+        interleave: int | None,
+        mailbox: Mailbox | None = None,
     ) -> None:
         self.program = program
+        self.mailbox = mailbox
         self.ops = program.ops
         self.bufs = bufs
         self.blocks = blocks
@@ -179,7 +211,7 @@ class _Run:
     def issue(self, i: int) -> None:
         """Run op i (sync) or start it (async): check what it touches, apply its effects."""
         op = self.ops[i]
-        if op.kind in hz.P2P_KINDS:
+        if op.kind in hz.P2P_KINDS and self.mailbox is None:
             raise ExecutionError(
                 f"op {op.name!r}: {op.kind} does not run on the simulated mesh yet "
                 "(check_hazards covers it)",
@@ -252,8 +284,18 @@ class _Run:
         self.freed[self.owner(v)] = (i, v)
 
     def make_outputs(self, i: int) -> None:
-        """Compute op i's outputs from its inputs' blocks."""
-        execute_op(self.program, self.ops[i], self.blocks)
+        """Compute op i's outputs from its inputs' blocks (a send posts its blocks, a recv
+        takes them: both when they complete)."""
+        op = self.ops[i]
+        if self.mailbox is not None and op.kind == hz.SEND:
+            held = self.blocks[op.inputs[0]]
+            message = [held[r].copy() for r in self.program.mesh.ranks]
+            self.mailbox.messages[self.mailbox.key(op)] = message
+        elif self.mailbox is not None and op.kind == hz.RECV:
+            message = self.mailbox.messages.pop(self.mailbox.key(op))
+            self.blocks[op.outputs[0]] = dict(zip(self.program.mesh.ranks, message, strict=True))
+        else:
+            execute_op(self.program, op, self.blocks)
 
 
 def execute_op(program: DistProgram, op: DistOp, blocks: Blocks) -> None:

@@ -108,11 +108,15 @@ def test_cli_plan_on_a_pp_mesh_builds_a_pipeline_and_costs_send_wait() -> None:
     assert data["passes"][-1]["message"].endswith("holds added")
     assert data["cost"]["step_time_s"] <= data["cost_before_send_wait"]["step_time_s"]
     names = [p["name"] for p in data["passes"]]
-    assert names == ["dp_grad_scaling", "dp_fuse_allreduce", "dp_overlap", "pipeline_send_wait"]
+    assert names == ["lowered", "dp_grad_scaling", "dp_fuse_allreduce", "dp_overlap",
+                     "pipeline_send_wait"]  # fmt: skip
+    times = [p["step_time_s"] for p in data["passes"]]
+    assert times[-2] == data["cost_before_send_wait"]["step_time_s"]
+    assert times[-1] == data["cost"]["step_time_s"] <= times[-2] and min(times) > 0
     off = runner.invoke(app, [*args, "--no-pass", "dp_overlap", "--no-pass",
                               "pipeline_send_wait", "--json"])  # fmt: skip
-    assert [p["name"] for p in json.loads(off.output)["passes"]] == names[:2]
+    assert [p["name"] for p in json.loads(off.output)["passes"]] == names[:3]
     text = runner.invoke(app, args).output
-    assert "stage 1" in text and "send waits removed" in text
+    assert "stage 1" in text and "send waits removed" in text and "-> step" in text
     bad = runner.invoke(app, [*args[:-2], "--microbatches", "3"])
     assert bad.exit_code == 1 and "does not split into 3 micro-batches" in bad.output

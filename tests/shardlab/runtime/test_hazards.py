@@ -146,12 +146,12 @@ def test_other_strategies_are_clean_under_interleavings(
 
 def test_interleavings_really_reorder_comm_against_compute(plan: Plan) -> None:
     """Async ops complete at different points in different runs, else the test proves little."""
-    from shardlab.runtime.simulated import _Analysis, _random_events
+    from shardlab.runtime.simulated import _Analysis, random_events
 
     analysis = _Analysis.of(plan.program, interleaved=True)
     assert analysis.preds is not None
     orders = {
-        tuple(_random_events(analysis.preds, analysis.asynchronous, random.Random(seed)))
+        tuple(random_events(analysis.preds, analysis.asynchronous, random.Random(seed)))
         for seed in range(5)
     }
     assert len(orders) == 5
