@@ -105,3 +105,22 @@ def test_optimized_pipeline_matches_one_device(monkeypatch: pytest.MonkeyPatch) 
     )
     assert report.ok, report.first_divergence
     assert report.summary["compared"] > 39  # the loss, every gradient, param and state
+
+
+def test_optimized_interleaved_pipeline_with_tensor_parallel_matches_one_device() -> None:
+    def optimized(p: PipelineProgram) -> PipelineProgram:
+        out, summary = pipeline_send_wait(p)
+        assert summary.holds_added > 0 and summary.kept == []
+        return out
+
+    report = verify_pipeline(
+        "llama3-8b",
+        Strategy.build("pp=2,tp=2", ["megatron_tp"]),
+        microbatches=M,
+        schedule="interleaved",
+        virtual_stages=2,
+        overrides=LLAMA,
+        compute_dtype="float64",
+        transform=optimized,
+    )
+    assert report.ok, report.first_divergence
