@@ -7,14 +7,30 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from backend.db import make_engine, session_factory
 from backend.errors import install_error_handlers
-from backend.routers import presets
+from backend.routers import (
+    auth,
+    clusters,
+    comparisons,
+    jobs,
+    models,
+    plans,
+    presets,
+    strategies,
+    verifications,
+)
+from backend.settings import Settings
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
 
 
-def create_app() -> FastAPI:
-    """Build the service: REST under /api, health at /healthz, the UI at /."""
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service: REST under /api, health at /healthz, the UI at /.
+
+    The database must be migrated already (`shardlab db upgrade`; `shardlab serve` does it).
+    """
+    settings = settings or Settings.from_env()
     app = FastAPI(
         title="Shardlab",
         version="0.1.0",
@@ -22,12 +38,27 @@ def create_app() -> FastAPI:
         docs_url="/api/docs",
         redoc_url=None,
     )
+    engine = make_engine(settings.database_url)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = session_factory(engine)
     install_error_handlers(app)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.include_router(presets.router)
+    for module in (
+        presets,
+        auth,
+        models,
+        strategies,
+        clusters,
+        plans,
+        verifications,
+        comparisons,
+        jobs,
+    ):
+        app.include_router(module.router)
     app.mount("/", StaticFiles(directory=FRONTEND_DIR, html=True), name="frontend")
     return app

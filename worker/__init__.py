@@ -1,0 +1,1 @@
+"""Job execution: claims jobs from the ledger and runs the engine in child processes."""
