@@ -6,11 +6,14 @@ and exit with status 1.
 """
 
 from shardlab.cli import (  # noqa: F401  (register commands)
+    db_cmd,
     model_cmds,
     plan_cmd,
     serve_cmd,
     sharding_cmds,
+    token_cmd,
     verify_cmd,
+    worker_cmd,
 )
 from shardlab.cli.common import app
 

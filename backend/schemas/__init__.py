@@ -1,0 +1,1 @@
+"""Pydantic request and response schemas, one module per group of resources."""
