@@ -1,7 +1,8 @@
 """API test fixtures: the same suite against SQLite and PostgreSQL.
 
 `db_url` is parametrized: a fresh SQLite file per test, and the `test` database on
-127.0.0.1:5432 (trust auth), wiped to an empty schema and migrated for each test. The
+127.0.0.1:5432 (trust auth), in a schema of this process's own (`SCHEMA`), wiped and
+migrated for each test. The
 PostgreSQL cases are skipped only when `SHARDLAB_SKIP_POSTGRES=1`; otherwise an unreachable
 server is an error (make test starts it).
 """
@@ -26,14 +27,39 @@ from backend.settings import Settings
 POSTGRES_URL = os.environ.get(
     "SHARDLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
+#: Each test process works in its own schema of the `test` database, so parallel runs
+#: (several checkouts, several developers) never wipe each other's tables.
+SCHEMA = f"shardlab_test_{os.getpid()}"
 
 
-def _wipe_postgres(url: str) -> None:
-    engine = make_engine(url)
+def postgres_url() -> str:
+    """The test database URL with this process's schema as the search path."""
+    sep = "&" if "?" in POSTGRES_URL else "?"
+    return f"{POSTGRES_URL}{sep}options=-csearch_path%3D{SCHEMA}"
+
+
+def _wipe_postgres() -> None:
+    engine = make_engine(POSTGRES_URL)
     with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
+        conn.execute(text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
+        conn.execute(text(f'CREATE SCHEMA "{SCHEMA}"'))
     engine.dispose()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_schema_at_exit() -> Iterator[None]:
+    """Leave the shared `test` database as it was: this process's schema goes at the end."""
+    yield
+    if os.environ.get("SHARDLAB_SKIP_POSTGRES") == "1":
+        return
+    engine = make_engine(POSTGRES_URL)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
+    except Exception:  # the server went away: nothing left to clean
+        pass
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -44,8 +70,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     else:
         if os.environ.get("SHARDLAB_SKIP_POSTGRES") == "1":
             pytest.skip("SHARDLAB_SKIP_POSTGRES=1")
-        url = POSTGRES_URL
-        _wipe_postgres(url)
+        _wipe_postgres()
+        url = postgres_url()
     migrate.upgrade(url)
     return url
 
