@@ -1,7 +1,297 @@
-"""Placeholder, being written (issue 7)."""
+"""Models: serial graphs from a preset (with overrides) or from graph JSON, per team.
+
+The graph is stored compressed (`blobs.pack`) with its summary; nothing is written until the
+graph is built, validated against the op catalog and summarized.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
 
-router = APIRouter()
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, defer
+
+from backend.blobs import pack, unpack
+from backend.deps import PrincipalDep, SessionDep, SettingsDep
+from backend.errors import ApiError, not_found
+from backend.module_tree import module_tree
+from backend.orm import Model, Plan
+from backend.schemas.common import PathId
+from backend.schemas.resources import ModelCreate, ModelDetail, ModelOut, ModuleNode
+from shardlab.errors import GraphError, PresetError
+from shardlab.graph_json import graph_from_json, graph_to_json
+from shardlab.ir import Graph
+from shardlab.models import get_preset
+from shardlab.models.config import TransformerConfig, apply_overrides
+from shardlab.summary import model_summary
+from shardlab.validate import validate_graph
+
+router = APIRouter(prefix="/api/models", tags=["models"])
+
+UPLOAD_TYPES = ("application/json", "application/octet-stream")
+
+
+# -- helpers shared by the resource routers -------------------------------------------------
+
+
+@contextmanager
+def user_input(code: str, what: str, **detail: Any) -> Iterator[None]:
+    """Turn a parsing error on user data (ValueError, KeyError, ...) into a 422 naming `what`."""
+    try:
+        yield
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ApiError(422, code, f"{what}: {exc}", **detail) from None
+
+
+def commit_or_conflict(session: Session, message: str, **detail: Any) -> None:
+    """Commit; a unique-constraint violation (a concurrent create) becomes 409 `conflict`."""
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise ApiError(409, "conflict", message, **detail) from None
+
+
+# -- building and checking graphs -----------------------------------------------------------
+
+
+def _too_large(ops: int, limit: int, about: str = "") -> ApiError:
+    return ApiError(
+        413,
+        "graph_too_large",
+        f"the graph has {about}{ops} ops, more than the limit of {limit} (SHARDLAB_MAX_GRAPH_OPS)",
+        ops=ops,
+        limit=limit,
+    )
+
+
+def _preset_graph(preset: str, overrides: dict[str, Any], limit: int) -> Graph:
+    """Build a preset; bad overrides are 422 naming the key; oversized layer counts are
+    refused (413) from an estimate before the full graph is built."""
+    base = get_preset(preset)  # unknown preset: the engine's 404 naming it
+    try:
+        with user_input("invalid_override", f"overrides of preset {preset!r}", preset=preset):
+            config = apply_overrides(base.config, overrides, preset)
+        if isinstance(config, TransformerConfig) and config.layers > 2:
+            one, two = (len(base.build({**overrides, "layers": n}).ops) for n in (1, 2))
+            estimate = one + (config.layers - 1) * (two - one)
+            if estimate > limit:
+                raise _too_large(estimate, limit, "about ")
+        graph = base.build(overrides)
+    except PresetError as exc:
+        raise ApiError(422, "invalid_override", exc.message, preset=preset, **exc.detail) from None
+    if len(graph.ops) > limit:
+        raise _too_large(len(graph.ops), limit)
+    return graph
+
+
+def _document_graph(data: Any, limit: int) -> Graph:
+    """Parse and validate a graph document; the op count is checked before parsing."""
+    ops = data.get("ops") if isinstance(data, dict) else None
+    if isinstance(ops, list) and len(ops) > limit:
+        raise _too_large(len(ops), limit)
+    with user_input("invalid_graph", "invalid graph JSON"):
+        return validate_graph(graph_from_json(data))
+
+
+def _summary(graph: Graph) -> dict[str, Any]:
+    with user_input("invalid_graph", f"graph {graph.name!r} cannot be summarized"):
+        summary = model_summary(graph)
+    if not isinstance(summary["config"], dict):  # a user's graph meta may hold anything
+        summary["config"] = {}
+    return summary
+
+
+def _store(
+    session: Session, team_id: int, name: str, graph: Graph, source: str, **fields: Any
+) -> Model:
+    """Insert the model (one commit, after everything above succeeded)."""
+    taken = select(Model.id).where(Model.team_id == team_id, Model.name == name)
+    if session.scalar(taken) is not None:
+        raise ApiError(409, "conflict", f"a model named {name!r} already exists", name=name)
+    blob, _ = pack(graph_to_json(graph))
+    row = Model(
+        team_id=team_id,
+        name=name,
+        source=source,
+        graph_blob=blob,
+        summary=_summary(graph),
+        **fields,
+    )
+    session.add(row)
+    commit_or_conflict(session, f"a model named {name!r} already exists", name=name)
+    return row
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def owned_model(session: Session, team_id: int, model_id: int) -> Model:
+    """The team's model `model_id`; 404 for a missing one or another team's."""
+    row = session.get(Model, model_id)
+    if row is None or row.team_id != team_id:
+        raise not_found("model", model_id)
+    return row
+
+
+def _out(row: Model) -> dict[str, Any]:
+    s = row.summary
+    return {
+        "id": row.id,
+        "name": row.name,
+        "source": row.source,
+        "preset": row.preset,
+        "overrides": row.overrides,
+        "params": s.get("params", 0),
+        "flops_forward": s.get("flops_forward", 0),
+        "layers": s.get("layers", 0),
+        "ops": s.get("ops", 0),
+        "created_at": row.created_at,
+    }
+
+
+def _detail(row: Model) -> dict[str, Any]:
+    return {**_out(row), "summary": row.summary}
+
+
+async def _raw_graph_body(request: Request, settings: SettingsDep) -> bytes:
+    """The request body of an upload: a JSON content type, at most max_request_bytes."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind and kind not in UPLOAD_TYPES:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"upload the graph JSON as the raw body with Content-Type "
+            f"{' or '.join(UPLOAD_TYPES)}, not {kind!r}",
+            content_type=kind,
+        )
+    return await _read_limited(request.stream(), settings.max_request_bytes)
+
+
+async def _read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    data = bytearray()
+    async for chunk in chunks:
+        data += chunk
+        if len(data) > limit:
+            raise ApiError(
+                413,
+                "request_too_large",
+                f"the request body exceeds {limit} bytes (SHARDLAB_MAX_REQUEST_BYTES)",
+                limit=limit,
+            )
+    return bytes(data)
+
+
+def _parse_upload(body: bytes) -> Any:
+    """JSON from raw bytes; errors name the line and column."""
+    try:
+        return json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise GraphError(f"the upload is not UTF-8 text: {exc}", position=exc.start) from None
+    except json.JSONDecodeError as exc:
+        raise GraphError(
+            f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            line=exc.lineno,
+            column=exc.colno,
+        ) from None
+    except RecursionError:
+        raise GraphError("the upload's JSON is nested too deeply") from None
+
+
+# -- endpoints ------------------------------------------------------------------------------
+
+
+@router.post("", status_code=201, response_model=ModelDetail)
+def create_model(
+    body: ModelCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Create a model from `{name, preset, overrides}` or `{name, graph}`."""
+    limit = settings.max_graph_ops
+    if body.preset is not None:
+        graph = _preset_graph(body.preset, body.overrides, limit)
+        fields: dict[str, Any] = {"preset": body.preset, "overrides": body.overrides}
+        row = _store(session, principal.team_id, body.name, graph, "preset", **fields)
+    else:
+        graph = _document_graph(body.graph, limit)
+        row = _store(session, principal.team_id, body.name, graph, "json")
+    return _detail(row)
+
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "A graph JSON file (shardlab.graph/1) as the raw body.",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+@router.post("/upload", status_code=201, response_model=ModelDetail, openapi_extra=UPLOAD_BODY)
+def upload_model(
+    name: Annotated[str, Query(min_length=1, max_length=200, description="The model's name.")],
+    body: Annotated[bytes, Depends(_raw_graph_body)],
+    session: SessionDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
+) -> dict[str, Any]:
+    """Create a model from a graph JSON file sent as the raw request body."""
+    graph = _document_graph(_parse_upload(body), settings.max_graph_ops)
+    return _detail(_store(session, principal.team_id, name, graph, "upload"))
+
+
+@router.get("", response_model=list[ModelOut])
+def list_models(session: SessionDep, principal: PrincipalDep) -> list[dict[str, Any]]:
+    """The team's models, oldest first."""
+    query = (
+        select(Model)
+        .where(Model.team_id == principal.team_id)
+        .options(defer(Model.graph_blob))
+        .order_by(Model.id)
+    )
+    return [_out(row) for row in session.scalars(query)]
+
+
+@router.get("/{model_id}", response_model=ModelDetail)
+def get_model(model_id: PathId, session: SessionDep, principal: PrincipalDep) -> dict[str, Any]:
+    """A model with its summary (params, FLOPs, layers, ops, ...), source and overrides."""
+    return _detail(owned_model(session, principal.team_id, model_id))
+
+
+@router.get("/{model_id}/graph")
+def get_graph(model_id: PathId, session: SessionDep, principal: PrincipalDep) -> JSONResponse:
+    """The model's graph document (`shardlab.graph/1`)."""
+    return JSONResponse(unpack(owned_model(session, principal.team_id, model_id).graph_blob))
+
+
+@router.get("/{model_id}/tree", response_model=ModuleNode)
+def get_tree(model_id: PathId, session: SessionDep, principal: PrincipalDep) -> dict[str, Any]:
+    """The folded module tree of the model's graph (see backend.module_tree)."""
+    row = owned_model(session, principal.team_id, model_id)
+    return module_tree(graph_from_json(unpack(row.graph_blob)))
+
+
+@router.delete("/{model_id}", status_code=204)
+def delete_model(model_id: PathId, session: SessionDep, principal: PrincipalDep) -> Response:
+    """Delete a model; 409 while a plan references it."""
+    row = owned_model(session, principal.team_id, model_id)
+    plans = session.scalar(select(func.count()).where(Plan.model_id == row.id)) or 0
+    if plans:
+        raise ApiError(
+            409,
+            "conflict",
+            f"model {row.name!r} is used by {plans} plan(s); delete those plans first",
+            model_id=row.id,
+            plans=plans,
+        )
+    session.delete(row)
+    session.commit()
+    return Response(status_code=204)

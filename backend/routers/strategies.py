@@ -1,7 +1,176 @@
-"""Placeholder, being written (issue 7)."""
+"""Strategies: named, versioned (mesh, templates, annotations, options) per team.
+
+Creating gives version 1; editing (`PUT`) adds version + 1 under the same name and leaves the
+older versions unchanged (plans keep pointing at the version they were made with).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
 
-router = APIRouter()
+from fastapi import APIRouter
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from backend.deps import PrincipalDep, SessionDep
+from backend.errors import ApiError, not_found
+from backend.orm import Strategy as StrategyRow
+from backend.routers.models import commit_or_conflict, user_input
+from backend.schemas.common import PathId
+from backend.schemas.resources import StrategyCreate, StrategyOut, StrategyUpdate
+from shardlab.passes.manager import resolve_passes
+from shardlab.strategy import Strategy
+
+router = APIRouter(prefix="/api/strategies", tags=["strategies"])
+
+#: The most devices a mesh may have (the engine lists every rank of a mesh).
+MAX_MESH_DEVICES = 1 << 20
+
+
+def _check_mesh_size(mesh: str) -> None:
+    """Refuse absurd meshes before the engine enumerates their ranks."""
+    devices = 1
+    for token in mesh.split(","):
+        size = token.partition("=")[2].strip()
+        if size.isascii() and size.isdigit():
+            devices *= int(size) if len(size) <= 9 else MAX_MESH_DEVICES + 1
+        if devices > MAX_MESH_DEVICES:
+            raise ApiError(
+                422,
+                "invalid_mesh",
+                f"mesh {mesh!r} has more than {MAX_MESH_DEVICES} devices",
+                mesh=mesh,
+                limit=MAX_MESH_DEVICES,
+            )
+
+
+def engine_strategy(
+    mesh: str, templates: list[str], annotations: list[str], options: dict[str, Any]
+) -> Strategy:
+    """The engine's Strategy; its errors name the mesh axis, template, annotation or pass."""
+    _check_mesh_size(mesh)
+    with user_input("invalid_strategy", "invalid strategy"):
+        strategy = Strategy.build(mesh, templates, annotations, options)
+        resolve_passes(options.get("passes"))
+    return strategy
+
+
+def owned_strategy(session: Session, team_id: int, strategy_id: int) -> StrategyRow:
+    """The team's strategy version `strategy_id`; 404 for a missing one or another team's."""
+    row = session.get(StrategyRow, strategy_id)
+    if row is None or row.team_id != team_id:
+        raise not_found("strategy", strategy_id)
+    return row
+
+
+def strategy_out(row: StrategyRow) -> dict[str, Any]:
+    """The response form of one stored version (with the engine's one-line description)."""
+    described = engine_strategy(row.mesh, row.templates, row.annotations, row.options)
+    return {
+        "id": row.id,
+        "name": row.name,
+        "version": row.version,
+        "mesh": row.mesh,
+        "templates": row.templates,
+        "annotations": row.annotations,
+        "options": row.options,
+        "created_at": row.created_at,
+        "describe": described.describe(),
+    }
+
+
+def _insert(
+    session: Session, team_id: int, name: str, version: int, body: StrategyUpdate | StrategyCreate
+) -> StrategyRow:
+    engine_strategy(body.mesh, body.templates, body.annotations, body.options)
+    row = StrategyRow(
+        team_id=team_id,
+        name=name,
+        version=version,
+        mesh=body.mesh,
+        templates=body.templates,
+        annotations=body.annotations,
+        options=body.options,
+    )
+    session.add(row)
+    commit_or_conflict(
+        session, f"strategy {name!r} version {version} already exists", name=name, version=version
+    )
+    return row
+
+
+def _versions(session: Session, team_id: int, name: str) -> list[StrategyRow]:
+    query = (
+        select(StrategyRow)
+        .where(StrategyRow.team_id == team_id, StrategyRow.name == name)
+        .order_by(StrategyRow.version)
+    )
+    return list(session.scalars(query))
+
+
+@router.post("", status_code=201, response_model=StrategyOut)
+def create_strategy(
+    body: StrategyCreate, session: SessionDep, principal: PrincipalDep
+) -> dict[str, Any]:
+    """Create version 1 of a named strategy; 409 if the name exists in the team."""
+    if _versions(session, principal.team_id, body.name):
+        raise ApiError(
+            409,
+            "conflict",
+            f"a strategy named {body.name!r} already exists; edit it (PUT) for a new version",
+            name=body.name,
+        )
+    return strategy_out(_insert(session, principal.team_id, body.name, 1, body))
+
+
+@router.put("/{strategy_id}", response_model=StrategyOut)
+def update_strategy(
+    strategy_id: PathId, body: StrategyUpdate, session: SessionDep, principal: PrincipalDep
+) -> dict[str, Any]:
+    """Save an edit as the next version of the strategy's name (older versions stay)."""
+    row = owned_strategy(session, principal.team_id, strategy_id)
+    latest = session.scalar(
+        select(func.max(StrategyRow.version)).where(
+            StrategyRow.team_id == principal.team_id, StrategyRow.name == row.name
+        )
+    )
+    return strategy_out(_insert(session, principal.team_id, row.name, (latest or 0) + 1, body))
+
+
+@router.get("", response_model=list[StrategyOut])
+def list_strategies(
+    session: SessionDep, principal: PrincipalDep, all_versions: bool = False
+) -> list[dict[str, Any]]:
+    """The latest version of each of the team's strategies (every version with
+    `all_versions=true`), by name then version."""
+    query = select(StrategyRow).where(StrategyRow.team_id == principal.team_id)
+    if not all_versions:
+        latest = (
+            select(StrategyRow.name, func.max(StrategyRow.version).label("version"))
+            .where(StrategyRow.team_id == principal.team_id)
+            .group_by(StrategyRow.name)
+            .subquery()
+        )
+        query = query.join(
+            latest,
+            (StrategyRow.name == latest.c.name) & (StrategyRow.version == latest.c.version),
+        )
+    rows = session.scalars(query.order_by(StrategyRow.name, StrategyRow.version))
+    return [strategy_out(row) for row in rows]
+
+
+@router.get("/{strategy_id}", response_model=StrategyOut)
+def get_strategy(
+    strategy_id: PathId, session: SessionDep, principal: PrincipalDep
+) -> dict[str, Any]:
+    """One version of a strategy."""
+    return strategy_out(owned_strategy(session, principal.team_id, strategy_id))
+
+
+@router.get("/{strategy_id}/versions", response_model=list[StrategyOut])
+def strategy_versions(
+    strategy_id: PathId, session: SessionDep, principal: PrincipalDep
+) -> list[dict[str, Any]]:
+    """Every version of the strategy's name, oldest first."""
+    row = owned_strategy(session, principal.team_id, strategy_id)
+    return [strategy_out(r) for r in _versions(session, principal.team_id, row.name)]
