@@ -1,22 +1,36 @@
 """The job ledger: jobs are rows; the web process only enqueues, reads and flags them.
 
 Workers (`worker/`) claim, run, beat and finish jobs through the functions here, so every
-state change of a job is written in one place.
+state change of a job is written in one place. A worker owns a job while the row says
+`status = running` and `worker_id = <its id>`; every write a worker makes checks that, so a
+worker that lost its job (its heartbeat went stale and another worker took the job over)
+can never finish, fail or beat it again.
+
+Claiming is exclusive: PostgreSQL locks the candidate row (`FOR UPDATE SKIP LOCKED`), SQLite
+takes the database write lock at BEGIN (`BEGIN IMMEDIATE`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy import Select, and_, or_, select
+from sqlalchemy.orm import Session, sessionmaker
 
-from backend.orm import Job
+from backend.db import transaction
+from backend.orm import Job, utcnow
 from backend.settings import Settings
 
 #: Job states; the last four are final.
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out")
 FINAL = frozenset(STATES[2:])
 KINDS = ("plan", "verify", "compare")
+
+Factory = sessionmaker[Session]
+#: Writes a job's resource rows and artifacts inside `finish`'s transaction.
+Store = Callable[[Session, Job], None]
 
 
 def enqueue(
@@ -39,3 +53,193 @@ def enqueue(
     session.add(job)
     session.flush()
     return job
+
+
+def _locked(session: Session, stmt: Select[Job]) -> Select[Job]:
+    """`stmt` with a row lock on PostgreSQL (SQLite already holds the write lock)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return stmt.with_for_update(skip_locked=True)
+    return stmt
+
+
+def _end(job: Job, status: str, message: str, error: dict[str, Any] | None = None) -> None:
+    job.status, job.message, job.error = status, message, error
+    job.finished_at = utcnow()
+
+
+def claim(factory: Factory, settings: Settings, worker_id: str) -> Job | None:
+    """Take the oldest job that is queued, or running with a stale heartbeat (its worker
+    died); None when there is none.
+
+    The claim counts an attempt; a job that has used up `max_attempts` is marked failed
+    (`worker_lost`) instead and the next candidate is tried. A dead worker's job whose
+    cancellation was requested is marked cancelled.
+    """
+    while True:
+        with transaction(factory, immediate=True) as session:
+            stale = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+            running_lost = and_(
+                Job.status == "running",
+                or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale),
+            )
+            stmt = (
+                select(Job)
+                .where(or_(Job.status == "queued", running_lost))
+                .order_by(Job.created_at, Job.id)
+                .limit(1)
+            )
+            job: Job | None = session.scalars(_locked(session, stmt)).first()
+            if job is None:
+                return None
+            if job.status == "running" and job.cancel_requested:
+                _end(job, "cancelled", "cancelled (its worker stopped)")
+                continue
+            if job.attempts + 1 > job.max_attempts:
+                message = (
+                    f"gave up after {job.attempts} attempts: the worker running it stopped "
+                    f"beating each time (limit {job.max_attempts})"
+                )
+                error = {
+                    "code": "worker_lost",
+                    "message": message,
+                    "detail": {"attempts": job.attempts},
+                }
+                _end(job, "failed", message, error)
+                continue
+            now = utcnow()
+            job.attempts += 1
+            job.status, job.worker_id = "running", worker_id
+            job.heartbeat_at = job.started_at = now
+            job.progress, job.message = 0.0, f"claimed by {worker_id} (attempt {job.attempts})"
+            session.flush()
+            return job
+
+
+def _owned(session: Session, job_id: int, worker_id: str) -> Job | None:
+    """The job if it is still running under `worker_id` (row-locked on PostgreSQL)."""
+    stmt = select(Job).where(Job.id == job_id, Job.worker_id == worker_id, Job.status == "running")
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return session.scalars(stmt).first()
+
+
+def heartbeat(factory: Factory, job_id: int, worker_id: str, progress: float, message: str) -> bool:
+    """Record that the worker is alive and how far it got. False when the job is no longer
+    this worker's or its cancellation was requested: the worker should stop it."""
+    with transaction(factory, immediate=True) as session:
+        job = _owned(session, job_id, worker_id)
+        if job is None:
+            return False
+        job.heartbeat_at = utcnow()
+        job.progress, job.message = max(0.0, min(1.0, progress)), message
+        return not job.cancel_requested
+
+
+def finish(
+    factory: Factory,
+    job_id: int,
+    worker_id: str,
+    result: dict[str, Any],
+    store: Store | None = None,
+    message: str = "done",
+) -> bool:
+    """Mark the job succeeded with `result`, and write its resource rows with `store` in the
+    same transaction, only if the worker still owns it (else nothing is written: False)."""
+    with transaction(factory, immediate=True) as session:
+        job = _owned(session, job_id, worker_id)
+        if job is None:
+            return False
+        if store is not None:
+            store(session, job)
+        job.result, job.progress = result, 1.0
+        _end(job, "succeeded", message)
+        return True
+
+
+def fail(factory: Factory, job_id: int, worker_id: str, error: dict[str, Any]) -> bool:
+    """Mark the job failed with `error` ({code, message, detail}) if the worker owns it."""
+    with transaction(factory, immediate=True) as session:
+        job = _owned(session, job_id, worker_id)
+        if job is None:
+            return False
+        _end(job, "failed", str(error.get("message", "failed")), error)
+        return True
+
+
+def cancel(factory: Factory, job_id: int, worker_id: str) -> bool:
+    """Mark the job cancelled (its worker stopped it) if the worker owns it."""
+    with transaction(factory, immediate=True) as session:
+        job = _owned(session, job_id, worker_id)
+        if job is None:
+            return False
+        _end(job, "cancelled", "cancelled on request")
+        return True
+
+
+def time_out(factory: Factory, job_id: int, worker_id: str, limit_s: float) -> bool:
+    """Mark the job timed out (it ran past its `deadline_s`) if the worker owns it."""
+    with transaction(factory, immediate=True) as session:
+        job = _owned(session, job_id, worker_id)
+        if job is None:
+            return False
+        message = f"stopped after the job's time limit of {limit_s:g} s"
+        _end(
+            job,
+            "timed_out",
+            message,
+            {"code": "timed_out", "message": message, "detail": {"deadline_s": limit_s}},
+        )
+        return True
+
+
+def release(factory: Factory, job_id: int, worker_id: str) -> bool:
+    """Give a job back to the queue (its worker is shutting down); the attempt is not
+    counted. False when the worker did not own it."""
+    with transaction(factory, immediate=True) as session:
+        job = _owned(session, job_id, worker_id)
+        if job is None:
+            return False
+        job.status, job.worker_id, job.heartbeat_at = "queued", None, None
+        job.attempts = max(0, job.attempts - 1)
+        job.progress, job.message = 0.0, f"released by {worker_id} (shutting down)"
+        return True
+
+
+def request_cancel(session: Session, job: Job) -> None:
+    """Cancel a job: a queued one at once, a running one by flagging it for its worker
+    (which stops it at its next heartbeat). The caller commits; final jobs are left alone."""
+    if job.status == "queued":
+        _end(job, "cancelled", "cancelled before it started")
+    elif job.status == "running":
+        job.cancel_requested = True
+        job.message = "cancellation requested"
+
+
+def iso(moment: datetime | None) -> str | None:
+    """`moment` in ISO 8601 (SQLite gives naive datetimes: they are UTC)."""
+    if moment is None:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
+
+
+def ledger_row_json(job: Job) -> dict[str, Any]:
+    """The job as the API shows it (times in ISO 8601, UTC)."""
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "status": job.status,
+        "progress": job.progress,
+        "message": job.message,
+        "payload": job.payload,
+        "result": job.result,
+        "error": job.error,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "deadline_s": job.deadline_s,
+        "cancel_requested": job.cancel_requested,
+        "worker_id": job.worker_id,
+        "created_at": iso(job.created_at),
+        "started_at": iso(job.started_at),
+        "heartbeat_at": iso(job.heartbeat_at),
+        "finished_at": iso(job.finished_at),
+    }

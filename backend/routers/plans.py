@@ -1,7 +1,285 @@
-"""Placeholder, being written (issue 7)."""
+"""Plans: queue a plan build (202), then read what the worker stored.
+
+`POST /api/plans` creates the plan and its job in one transaction; a worker builds it. Once
+the job succeeded, the plan's summary and artifacts (program, placements, collectives,
+trace) are readable; before that those views answer 409 `not_ready` naming the job status.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated, Any
 
-router = APIRouter()
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend import blobs, ledger
+from backend.deps import PrincipalDep, SessionDep, SettingsDep
+from backend.errors import ApiError, not_found
+from backend.orm import Artifact, Job, Model, Plan, Strategy
+from backend.routers.clusters import resolve_cluster
+from backend.schemas.common import PathId, errors
+from backend.schemas.jobs import Created, PlanCreate, PlanOut
+
+router = APIRouter(prefix="/api/plans", tags=["plans"])
+
+#: Steps of a placement explanation followed at most.
+MAX_DEPTH = 12
+
+
+def owned(session: Session, table: type[Any], team_id: int, ident: int, what: str) -> Any:
+    """The row `ident` of `table` if it belongs to team `team_id`; 404 naming it otherwise."""
+    row = session.get(table, ident)
+    if row is None or row.team_id != team_id:
+        raise not_found(what, ident)
+    return row
+
+
+def job_of(session: Session, job_id: int) -> Job:
+    """The job that builds a resource (always present: foreign key)."""
+    job = session.get(Job, job_id)
+    assert job is not None
+    return job
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    """The job state every resource view repeats."""
+    return {
+        "status": job.status,
+        "progress": job.progress,
+        "message": job.message,
+        "error": job.error,
+    }
+
+
+def built_plan(session: Session, team_id: int, plan_id: int) -> Plan:
+    """The team's plan, once its job succeeded: 404 if unknown, 409 `not_ready` before."""
+    plan: Plan = owned(session, Plan, team_id, plan_id, "plan")
+    job = job_of(session, plan.job_id)
+    if job.status != "succeeded":
+        raise ApiError(
+            409,
+            "not_ready",
+            f"plan {plan_id} is not built: its job {job.id} is {job.status}",
+            plan_id=plan_id,
+            job_id=job.id,
+            job_status=job.status,
+        )
+    return plan
+
+
+def artifact(session: Session, plan: Plan, kind: str) -> Any:
+    """The plan's `kind` artifact, unpacked; 404 when the plan has none."""
+    row = session.scalar(
+        select(Artifact).where(
+            Artifact.owner == "plan", Artifact.owner_id == plan.id, Artifact.kind == kind
+        )
+    )
+    if row is None:
+        raise ApiError(
+            404, "not_found", f"plan {plan.id} has no {kind}", resource=kind, plan_id=plan.id
+        )
+    return blobs.unpack(row.data)
+
+
+def _plan_out(session: Session, plan: Plan) -> dict[str, Any]:
+    job = job_of(session, plan.job_id)
+    return {
+        "id": plan.id,
+        "model_id": plan.model_id,
+        "strategy_id": plan.strategy_id,
+        "cluster": plan.cluster,
+        "job_id": plan.job_id,
+        **job_fields(job),
+        "summary": plan.summary if job.status == "succeeded" else None,
+        "created_at": ledger.iso(plan.created_at),
+    }
+
+
+@router.post("", status_code=202, response_model=Created, responses=errors(401, 404, 422))
+def create_plan(
+    body: PlanCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Queue the plan of a model under a strategy version (costed when `cluster` is given)."""
+    team = principal.team_id
+    owned(session, Model, team, body.model_id, "model")
+    owned(session, Strategy, team, body.strategy_id, "strategy")
+    spec = resolve_cluster(session, team, body.cluster) if body.cluster else None
+    plan = Plan(
+        team_id=team,
+        model_id=body.model_id,
+        strategy_id=body.strategy_id,
+        cluster=body.cluster,
+        job_id=0,
+    )
+    job = ledger.enqueue(session, settings, team, "plan", {"cluster": spec})
+    plan.job_id = job.id
+    session.add(plan)
+    session.flush()
+    job.payload = {"plan_id": plan.id, "cluster": spec}
+    session.commit()
+    return {"id": plan.id, "job_id": job.id, "status": job.status}
+
+
+@router.get("", response_model=list[PlanOut], responses=errors(401, 422))
+def list_plans(session: SessionDep, principal: PrincipalDep) -> list[dict[str, Any]]:
+    """The team's plans, newest first."""
+    rows = session.scalars(
+        select(Plan).where(Plan.team_id == principal.team_id).order_by(Plan.id.desc())
+    )
+    return [_plan_out(session, plan) for plan in rows]
+
+
+@router.get("/{plan_id}", response_model=PlanOut, responses=errors(401, 404, 422))
+def get_plan(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> dict[str, Any]:
+    """A plan with its job's state and, once built, its summary."""
+    return _plan_out(session, owned(session, Plan, principal.team_id, plan_id, "plan"))
+
+
+@router.get("/{plan_id}/program", responses=errors(401, 404, 409, 422))
+def get_program(
+    plan_id: PathId,
+    session: SessionDep,
+    principal: PrincipalDep,
+    scope: Annotated[str, Query(description="Ops under this scope, e.g. layers.0.")] = "",
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> dict[str, Any]:
+    """The per-rank program's ops (in program order) under `scope`, a page at a time."""
+    plan = built_plan(session, principal.team_id, plan_id)
+    ops = artifact(session, plan, "program")["ops"]
+    if scope:
+        ops = [op for op in ops if op["scope"] == scope or op["scope"].startswith(scope + ".")]
+    return {
+        "plan_id": plan_id,
+        "scope": scope,
+        "total": len(ops),
+        "offset": offset,
+        "limit": limit,
+        "ops": ops[offset : offset + limit],
+    }
+
+
+@router.get("/{plan_id}/placements/{value:path}", responses=errors(401, 404, 409, 422))
+def get_placement(
+    plan_id: PathId, value: str, session: SessionDep, principal: PrincipalDep
+) -> dict[str, Any]:
+    """A serial value's spec and why: the decisions that set it, then those of the input
+    that drove them, back to an annotation or a source (`text`: the chain as lines)."""
+    plan = built_plan(session, principal.team_id, plan_id)
+    values = artifact(session, plan, "placements")["values"]
+    if value not in values:
+        raise ApiError(
+            404,
+            "not_found",
+            f"plan {plan_id} has no value {value!r}",
+            resource="value",
+            value=value,
+        )
+    chain: list[dict[str, Any]] = []
+    current: str | None = value
+    while current in values and current not in {s["value"] for s in chain}:
+        entry = values[current]
+        chain.append(
+            {
+                "value": current,
+                "spec": entry["spec"],
+                "decisions": entry["decisions"],
+                "because_of": entry["next"],
+            }
+        )
+        if len(chain) >= MAX_DEPTH:
+            break
+        current = entry["next"]
+    lines = []
+    for depth, step in enumerate(chain):
+        pad = "  " * depth
+        lines.append(f"{pad}{step['value']}: {step['spec']}")
+        lines += [f"{pad}  - {d['source']}: {d['detail']}" for d in step["decisions"]]
+        if step["because_of"]:
+            lines.append(f"{pad}  because of input {step['because_of']!r}:")
+    reshards = values[value]["reshards"]
+    lines += [
+        f"note: op {r['op']!r} needs {value!r} as {r['need']}, it arrives as {r['have']}"
+        for r in reshards
+    ]
+    return {
+        "plan_id": plan_id,
+        "value": value,
+        "spec": values[value]["spec"],
+        "explanation": chain,
+        "reshards": reshards,
+        "text": "\n".join(lines),
+    }
+
+
+def _collective(op: dict[str, Any]) -> dict[str, Any]:
+    comm = op["comm"]
+    return {
+        "name": op["name"],
+        "kind": comm["kind"],
+        "axes": comm["axes"],
+        "bytes_per_rank": comm["bytes_per_rank"],
+        "from": comm["from"],
+        "to": comm["to"],
+        "consumer": comm["consumer"],
+        "value": comm["value"],
+        "scope": op["scope"],
+        "reason": op["reason"],
+    }
+
+
+@router.get("/{plan_id}/collectives", responses=errors(401, 404, 409, 422))
+def list_collectives(
+    plan_id: PathId, session: SessionDep, principal: PrincipalDep
+) -> list[dict[str, Any]]:
+    """Every communication op of the program, in program order, and why it exists."""
+    plan = built_plan(session, principal.team_id, plan_id)
+    ops = artifact(session, plan, "program")["ops"]
+    return [_collective(op) for op in ops if op.get("comm")]
+
+
+@router.get("/{plan_id}/collectives/{name:path}", responses=errors(401, 404, 409, 422))
+def get_collective(
+    plan_id: PathId, name: str, session: SessionDep, principal: PrincipalDep
+) -> dict[str, Any]:
+    """One communication op: its full reason, values, and predicted time when costed."""
+    plan = built_plan(session, principal.team_id, plan_id)
+    program = artifact(session, plan, "program")
+    for op in program["ops"]:
+        if op["name"] == name and op.get("comm"):
+            times = program.get("op_times_s") or {}
+            return {
+                **_collective(op),
+                "stream": op["stream"],
+                "inputs": op["inputs"],
+                "outputs": op["outputs"],
+                "deps": op["deps"],
+                "time_s": times.get(name),
+            }
+    raise ApiError(
+        404,
+        "not_found",
+        f"plan {plan_id} has no collective {name!r}",
+        resource="collective",
+        name=name,
+    )
+
+
+@router.get("/{plan_id}/trace", responses=errors(401, 404, 409, 422))
+def get_trace(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> JSONResponse:
+    """The predicted step as a Chrome trace (open in https://ui.perfetto.dev); plans
+    built without a cluster have none (404)."""
+    plan = built_plan(session, principal.team_id, plan_id)
+    if plan.cluster is None:
+        raise ApiError(
+            404,
+            "not_found",
+            f"plan {plan_id} has no trace: it was built without a cluster",
+            resource="trace",
+            plan_id=plan_id,
+        )
+    data = artifact(session, plan, "trace")
+    headers = {"Content-Disposition": f'attachment; filename="plan-{plan_id}-trace.json"'}
+    return JSONResponse(data, headers=headers)

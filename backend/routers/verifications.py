@@ -1,7 +1,69 @@
-"""Placeholder, being written (issue 7)."""
+"""Verifications: queue a run of `shardlab.verify` on a plan (202), then read its report."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
 
-router = APIRouter()
+from fastapi import APIRouter
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend import ledger
+from backend.deps import PrincipalDep, SessionDep, SettingsDep
+from backend.orm import Plan, Verification
+from backend.routers.plans import job_fields, job_of, owned
+from backend.schemas.common import PathId, errors
+from backend.schemas.jobs import Created, VerificationCreate, VerificationOut
+
+router = APIRouter(prefix="/api/verifications", tags=["verifications"])
+
+
+def _out(session: Session, ver: Verification) -> dict[str, Any]:
+    job = job_of(session, ver.job_id)
+    return {
+        "id": ver.id,
+        "plan_id": ver.plan_id,
+        "compute_dtype": ver.compute_dtype,
+        "job_id": ver.job_id,
+        **job_fields(job),
+        "report": ver.report if job.status == "succeeded" else None,
+        "created_at": ledger.iso(ver.created_at),
+    }
+
+
+@router.post("", status_code=202, response_model=Created, responses=errors(401, 404, 422))
+def create_verification(
+    body: VerificationCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Queue one training step of the plan on the simulated mesh against one device."""
+    team = principal.team_id
+    owned(session, Plan, team, body.plan_id, "plan")
+    job = ledger.enqueue(session, settings, team, "verify", {})
+    ver = Verification(
+        team_id=team, plan_id=body.plan_id, job_id=job.id, compute_dtype=body.compute_dtype
+    )
+    session.add(ver)
+    session.flush()
+    job.payload = {"verification_id": ver.id}
+    session.commit()
+    return {"id": ver.id, "job_id": job.id, "status": job.status}
+
+
+@router.get("", response_model=list[VerificationOut], responses=errors(401, 422))
+def list_verifications(session: SessionDep, principal: PrincipalDep) -> list[dict[str, Any]]:
+    """The team's verifications, newest first."""
+    rows = session.scalars(
+        select(Verification)
+        .where(Verification.team_id == principal.team_id)
+        .order_by(Verification.id.desc())
+    )
+    return [_out(session, ver) for ver in rows]
+
+
+@router.get("/{verification_id}", response_model=VerificationOut, responses=errors(401, 404, 422))
+def get_verification(
+    verification_id: PathId, session: SessionDep, principal: PrincipalDep
+) -> dict[str, Any]:
+    """A verification with its job's state and, once done, its report."""
+    ver = owned(session, Verification, principal.team_id, verification_id, "verification")
+    return _out(session, ver)

@@ -1,0 +1,122 @@
+"""Schemas of jobs and of what jobs build: plans, verifications, comparisons.
+
+Requests forbid unknown fields. Large artifact views (program, placements, collectives,
+trace) are documented on their endpoints and returned as JSON objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from backend.schemas.common import RowId
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out"]
+
+
+class JobOut(BaseModel):
+    """A job of the ledger: its state, progress and outcome (times in ISO 8601, UTC)."""
+
+    id: int
+    kind: Literal["plan", "verify", "compare"]
+    status: JobStatus
+    progress: float = Field(description="0..1")
+    message: str = Field(description="What the job does now, or how it ended.")
+    payload: dict[str, Any] = Field(description="What to build: the resource's id.")
+    result: dict[str, Any] | None = Field(description="Small result once succeeded.")
+    error: dict[str, Any] | None = Field(description="{code, message, detail} once failed.")
+    attempts: int = Field(description="Claims by workers so far.")
+    max_attempts: int
+    deadline_s: float = Field(description="Wall-clock limit of one attempt.")
+    cancel_requested: bool
+    worker_id: str | None
+    created_at: str | None
+    started_at: str | None
+    heartbeat_at: str | None
+    finished_at: str | None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PlanCreate(_Request):
+    """Plan a stored model under a stored strategy version, optionally costed on a cluster."""
+
+    model_id: RowId
+    strategy_id: RowId
+    cluster: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="Cluster preset (e.g. 'h100-sxm-8x8') or a team cluster's name.",
+    )
+
+
+class Created(BaseModel):
+    """A resource whose job was queued (202)."""
+
+    id: int = Field(description="The resource's id.")
+    job_id: int
+    status: JobStatus
+
+
+class PlanOut(BaseModel):
+    """A plan, its job's state and, once built, its summary."""
+
+    id: int
+    model_id: RowId
+    strategy_id: RowId
+    cluster: str | None
+    job_id: int
+    status: JobStatus
+    progress: float
+    message: str
+    error: dict[str, Any] | None
+    summary: dict[str, Any] | None = Field(description="Plan.summary() once built.")
+    created_at: str | None
+
+
+class VerificationCreate(_Request):
+    """Verify a plan: one training step on the simulated mesh against one device."""
+
+    plan_id: RowId
+    compute_dtype: Literal["float64", "float32"] = "float64"
+
+
+class VerificationOut(BaseModel):
+    """A verification, its job's state and, once done, its report."""
+
+    id: int
+    plan_id: RowId
+    compute_dtype: str
+    job_id: int
+    status: JobStatus
+    progress: float
+    message: str
+    error: dict[str, Any] | None
+    report: dict[str, Any] | None = Field(description="ok, first_divergence, checks ...")
+    created_at: str | None
+
+
+class ComparisonCreate(_Request):
+    """Compare plan B against plan A (deltas are B - A)."""
+
+    plan_a_id: RowId
+    plan_b_id: RowId
+
+
+class ComparisonOut(BaseModel):
+    """A comparison, its job's state and, once done, the result."""
+
+    id: int
+    plan_a_id: RowId
+    plan_b_id: RowId
+    job_id: int
+    status: JobStatus
+    progress: float
+    message: str
+    error: dict[str, Any] | None
+    result: dict[str, Any] | None = Field(description="Comparison.to_json() once done.")
+    created_at: str | None

@@ -1,0 +1,211 @@
+"""What a job computes, with no database in sight: runs in the worker's child process.
+
+Every function takes the job's inputs as plain JSON-able data (see `worker.inputs`) and a
+`progress(fraction, message)` callback, and returns a JSON-able result:
+
+- `run_plan`: `{"summary": Plan.summary(), "artifacts": {kind: data}}` with artifacts
+  `plan` (Plan.to_json), `program` (compact ops), `placements` (per serial value: spec and
+  the decisions that set it), `passes` (per stage: summary and step time) and, when costed,
+  `trace` (Chrome trace JSON).
+- `run_verify`: `{"report": {...}}` (VerifyReport as JSON).
+- `run_compare`: `{"comparison": Comparison.to_json()}`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from shardlab.autodiff import training_graph
+from shardlab.cost.clusters import cluster_from_dict
+from shardlab.cost.model import cost_program
+from shardlab.cost.trace import chrome_trace
+from shardlab.graph_json import graph_from_json
+from shardlab.lower import lower
+from shardlab.passes.manager import PassStage, resolve_passes
+from shardlab.plan import Plan, PlanStage
+from shardlab.program import DistOp
+from shardlab.spmd.complete import complete
+from shardlab.spmd.explain import _driver
+from shardlab.strategy import Strategy
+
+Progress = Callable[[float, str], None]
+
+
+def jsonable(value: Any) -> Any:
+    """`value` with tuples as lists, non-finite floats as None and unknown objects as text
+    (PostgreSQL's JSON has no NaN or Infinity)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, str | int | bool):
+        return value
+    return str(value)
+
+
+def _strategy(data: dict[str, Any]) -> Strategy:
+    return Strategy.build(
+        data["mesh"],
+        data.get("templates", []),
+        data.get("annotations", []),
+        data.get("options", {}),
+    )
+
+
+def build(inputs: dict[str, Any], progress: Progress, span: tuple[float, float] = (0, 1)) -> Plan:
+    """`build_plan` step by step, reporting each step within the `span` of the progress bar:
+    training graph, completion, lowering, each pass, and the cost of every stage."""
+    lo, hi = span
+
+    def report(fraction: float, message: str) -> None:
+        progress(lo + (hi - lo) * fraction, message)
+
+    report(0.0, "model graph")
+    model = graph_from_json(inputs["graph"])
+    strategy = _strategy(inputs["strategy"])
+    options = strategy.options
+    optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
+    cluster = cluster_from_dict(inputs["cluster"]) if inputs.get("cluster") else None
+    report(0.05, "training graph")
+    training = training_graph(model, optimizer=optimizer, lr=lr)
+    report(0.15, "completion")
+    completed = complete(training, strategy)
+    report(0.45, "lowering")
+    program = lower(completed)
+    passes = resolve_passes(options.get("passes"))
+    raw = [PassStage("lowered", program, {"message": "as lowered", "ops": len(program.ops)})]
+    for n, (p, opts) in enumerate(passes):
+        report(0.55 + 0.2 * n / max(len(passes), 1), f"pass {p.name}")
+        result = p.fn(raw[-1].program, training, opts)
+        summary = {"ops_before": len(raw[-1].program.ops), "ops_after": len(result.program.ops)}
+        raw.append(PassStage(p.name, result.program, {**summary, **result.summary}))
+    stages = []
+    for n, stage in enumerate(raw):
+        cost = None
+        if cluster is not None:
+            report(0.75 + 0.25 * n / len(raw), f"cost {stage.name}")
+            cost = cost_program(stage.program, training, cluster)
+        stages.append(PlanStage(stage.name, stage.program, stage.summary, cost))
+    last = stages[-1]
+    return Plan(
+        model, strategy, training, completed, last.program, optimizer, lr, last.cost, stages
+    )
+
+
+def op_json(op: DistOp) -> dict[str, Any]:
+    """One program op, compactly: comm ops add their collective, axes, bytes and why."""
+    out: dict[str, Any] = {
+        "name": op.name,
+        "kind": op.kind,
+        "scope": op.scope,
+        "role": op.role.value,
+        "stream": op.stream,
+        "inputs": list(op.inputs),
+        "outputs": list(op.outputs),
+        "reason": op.reason,
+        "deps": list(op.deps),
+    }
+    if op.comm is not None:
+        out["comm"] = {
+            "kind": op.comm.kind,
+            "axes": [op.comm.axis],
+            "bytes_per_rank": op.comm.bytes_per_rank,
+            "from": op.attrs.get("from"),
+            "to": op.attrs.get("to"),
+            "consumer": op.attrs.get("consumer"),
+            "value": op.attrs.get("value"),
+        }
+    return out
+
+
+def placements_json(plan: Plan) -> dict[str, Any]:
+    """Per serial value: its spec, the decisions that set it and the input that drove them
+    (`next`: follow it for the whole chain), plus the reshards its consumers asked for."""
+    completed = plan.completed
+    values: dict[str, Any] = {}
+    for name in completed.graph.values:
+        if name not in completed.specs:
+            continue
+        values[name] = {
+            "spec": str(completed.specs[name]),
+            "decisions": [
+                {"spec": d.spec, "source": d.source, "detail": d.detail, "op": d.op}
+                for d in completed.decisions.get(name, ())
+            ],
+            "next": _driver(completed, name),
+            "reshards": [],
+        }
+    for op_name, index, have, need in completed.reshards():
+        value = completed.graph.op(op_name).inputs[index]
+        if value in values:
+            values[value]["reshards"].append({"op": op_name, "have": str(have), "need": str(need)})
+    return {"mesh": str(plan.strategy.mesh), "values": values}
+
+
+def run_plan(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Build (and with a cluster, cost) a plan; its summary and artifacts."""
+    plan = build(inputs, progress, (0.0, 0.85))
+    progress(0.85, "artifacts")
+    program: dict[str, Any] = {"ops": [op_json(op) for op in plan.program.ops]}
+    if plan.cost is not None:
+        program["op_times_s"] = plan.cost.op_times
+    artifacts: dict[str, Any] = {
+        "plan": plan.to_json(),
+        "program": program,
+        "placements": placements_json(plan),
+        "passes": [stage.to_json() for stage in plan.stages],
+    }
+    if plan.cost is not None:
+        progress(0.92, "trace")
+        artifacts["trace"] = chrome_trace(plan.cost.timeline, plan.program)
+    return {"summary": plan.summary(), "artifacts": artifacts}
+
+
+def run_verify(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """One training step of the plan on the simulated mesh against one device."""
+    from shardlab.runtime.verify import verify
+
+    plan = build({**inputs, "cluster": None}, progress, (0.0, 0.3))
+    progress(0.3, "verify (reference and simulated step)")
+    report = verify(plan, compute_dtype=inputs.get("compute_dtype", "float64"))
+    return {
+        "report": {
+            "ok": report.ok,
+            "compute_dtype": report.compute_dtype,
+            "first_divergence": report.first_divergence,
+            "summary": report.summary,
+            "failed": len(report.failed()),
+            "checks": [
+                {
+                    "name": c.name,
+                    "kind": c.kind,
+                    "max_abs": c.max_abs,
+                    "max_rel": c.max_rel,
+                    "ok": c.ok,
+                }
+                for c in report.checks
+            ],
+        }
+    }
+
+
+def run_compare(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Build plans A and B and compare them (deltas are B - A)."""
+    from shardlab.comparison import compare
+
+    a = build(inputs["a"], progress, (0.0, 0.45))
+    b = build(inputs["b"], progress, (0.45, 0.9))
+    progress(0.9, "compare")
+    result = compare(a, b, inputs["a"].get("label", "A"), inputs["b"].get("label", "B"))
+    return {"comparison": result.to_json()}
+
+
+RUNNERS: dict[str, Callable[[dict[str, Any], Progress], dict[str, Any]]] = {
+    "plan": run_plan,
+    "verify": run_verify,
+    "compare": run_compare,
+}

@@ -1,0 +1,134 @@
+"""The database side of each job kind: load its inputs, store its outcome.
+
+A job's payload names its resource row (`{"plan_id", "cluster"}`, `{"verification_id"}`,
+`{"comparison_id"}`); the plan job's payload also holds the cluster spec resolved when the
+plan was created (or None). Inputs handed to the engine are plain data:
+
+    plan:    {"graph": graph JSON, "strategy": {mesh, templates, annotations, options},
+              "cluster": cluster JSON | None, "label": str}
+    verify:  the plan inputs + {"compute_dtype"}
+    compare: {"a": plan inputs, "b": plan inputs}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete
+from sqlalchemy.orm import Session
+
+from backend import blobs
+from backend.ledger import Store
+from backend.orm import Artifact, Comparison, Job, Model, Plan, Strategy, Verification
+from shardlab.errors import ShardlabError
+
+
+class JobInputError(ShardlabError):
+    """A job's resource row (or the model, strategy or plan it needs) is gone."""
+
+    code = "not_found"
+
+
+def _get(session: Session, table: type[Any], ident: Any, what: str) -> Any:
+    row = session.get(table, ident) if isinstance(ident, int) else None
+    if row is None:
+        raise JobInputError(f"{what} {ident} no longer exists", resource=what, id=ident)
+    return row
+
+
+def plan_inputs(session: Session, plan: Plan) -> dict[str, Any]:
+    """What the engine needs to rebuild `plan`."""
+    model: Model = _get(session, Model, plan.model_id, "model")
+    strategy: Strategy = _get(session, Strategy, plan.strategy_id, "strategy")
+    job = session.get(Job, plan.job_id)
+    cluster = job.payload.get("cluster") if job is not None else None
+    return {
+        "graph": blobs.unpack(model.graph_blob),
+        "strategy": {
+            "mesh": strategy.mesh,
+            "templates": list(strategy.templates),
+            "annotations": list(strategy.annotations),
+            "options": dict(strategy.options),
+        },
+        "cluster": cluster,
+        "label": f"plan {plan.id}: {model.name} / {strategy.name} v{strategy.version}"
+        + (f" on {plan.cluster}" if plan.cluster else ""),
+    }
+
+
+def load_inputs(session: Session, job: Job) -> dict[str, Any]:
+    """The engine inputs of `job`; JobInputError when a row it needs is gone."""
+    payload = job.payload
+    if job.kind == "plan":
+        plan: Plan = _get(session, Plan, payload.get("plan_id"), "plan")
+        return plan_inputs(session, plan)
+    if job.kind == "verify":
+        ver: Verification = _get(
+            session, Verification, payload.get("verification_id"), "verification"
+        )
+        plan = _get(session, Plan, ver.plan_id, "plan")
+        return {**plan_inputs(session, plan), "compute_dtype": ver.compute_dtype}
+    if job.kind == "compare":
+        comp: Comparison = _get(session, Comparison, payload.get("comparison_id"), "comparison")
+        a = _get(session, Plan, comp.plan_a_id, "plan")
+        b = _get(session, Plan, comp.plan_b_id, "plan")
+        return {"a": plan_inputs(session, a), "b": plan_inputs(session, b)}
+    raise JobInputError(f"unknown job kind {job.kind!r}", kind=job.kind)
+
+
+def put_artifact(
+    session: Session, job: Job, owner: str, owner_id: int, kind: str, data: Any
+) -> None:
+    """Store `data` compressed as the `kind` artifact of (`owner`, `owner_id`), replacing any."""
+    session.execute(
+        delete(Artifact).where(
+            Artifact.owner == owner, Artifact.owner_id == owner_id, Artifact.kind == kind
+        )
+    )
+    packed, raw = blobs.pack(data)
+    session.add(
+        Artifact(
+            team_id=job.team_id,
+            owner=owner,
+            owner_id=owner_id,
+            kind=kind,
+            data=packed,
+            raw_bytes=raw,
+        )
+    )
+
+
+def outcome(job: Job, data: dict[str, Any]) -> tuple[Store, dict[str, Any]]:
+    """How to store the engine's result of `job`, and the job's own (small) result."""
+    payload = job.payload
+    if job.kind == "plan":
+        plan_id = int(payload["plan_id"])
+        summary = data["summary"]
+
+        def store_plan(session: Session, job: Job) -> None:
+            plan: Plan = _get(session, Plan, plan_id, "plan")
+            plan.summary = summary
+            for kind, artifact in sorted(data["artifacts"].items()):
+                put_artifact(session, job, "plan", plan_id, kind, artifact)
+
+        cost = summary.get("cost") or {}
+        return store_plan, {
+            "plan_id": plan_id,
+            "artifacts": sorted(data["artifacts"]),
+            "step_time_s": cost.get("step_time_s"),
+        }
+    if job.kind == "verify":
+        ver_id = int(payload["verification_id"])
+
+        def store_report(session: Session, job: Job) -> None:
+            ver: Verification = _get(session, Verification, ver_id, "verification")
+            ver.report = data["report"]
+
+        return store_report, {"verification_id": ver_id, "ok": data["report"]["ok"]}
+    comp_id = int(payload["comparison_id"])
+
+    def store_comparison(session: Session, job: Job) -> None:
+        comp: Comparison = _get(session, Comparison, comp_id, "comparison")
+        comp.result = data["comparison"]
+
+    return store_comparison, {"comparison_id": comp_id}
