@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: run test lint typecheck pytest bench clean
+.PHONY: run test lint typecheck pytest postgres bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,8 +20,10 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@ $(VENV)/.installed-run
 
+# migrates the database (data/ by default), prints the first admin's one-time login link,
+# seeds demo models and strategies, starts a worker and the service
 run: $(VENV)/.installed-run
-	$(BIN)/shardlab serve --host $(HOST) --port $(PORT)
+	$(BIN)/shardlab serve --demo --host $(HOST) --port $(PORT)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
@@ -30,10 +32,20 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-pytest: $(VENV)/.installed-dev
+pytest: $(VENV)/.installed-dev postgres
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+# the API tests run against PostgreSQL too (database `test` on 127.0.0.1:5432, trust auth)
+postgres:
+	@if [ "$$SHARDLAB_SKIP_POSTGRES" = 1 ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then exit 0; fi; \
+	echo "PostgreSQL is not answering on 127.0.0.1:5432; starting it"; \
+	service postgresql start >/dev/null 2>&1 || pg_ctlcluster 15 main start >/dev/null 2>&1 || true; \
+	for i in 1 2 3 4 5 6 7 8 9 10; do pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && exit 0; sleep 1; done; \
+	echo "error: PostgreSQL is not reachable on 127.0.0.1:5432 (the API tests need database 'test')." >&2; \
+	echo "       Start it (service postgresql start), or run with SHARDLAB_SKIP_POSTGRES=1." >&2; \
+	exit 1
+
+test: postgres lint typecheck pytest
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.run

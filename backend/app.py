@@ -9,6 +9,8 @@ from fastapi.staticfiles import StaticFiles
 
 from backend.db import make_engine, session_factory
 from backend.errors import install_error_handlers
+from backend.limits import BodyLimitMiddleware
+from backend.openapi import install_openapi
 from backend.routers import (
     auth,
     clusters,
@@ -43,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessions = session_factory(engine)
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -60,5 +63,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs,
     ):
         app.include_router(module.router)
+    install_openapi(app)
     app.mount("/", StaticFiles(directory=FRONTEND_DIR, html=True), name="frontend")
     return app

@@ -1,23 +1,110 @@
-"""`shardlab serve`: the web service."""
+"""`shardlab serve`: migrate, bootstrap the first admin, start a worker, serve the API and UI."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import os
+import signal
+import subprocess
+import sys
+from types import FrameType
+from typing import Annotated, NoReturn
 
 import typer
 
 from shardlab.cli.common import app
+
+#: how long a worker gets to finish after the server stops before it is killed
+WORKER_STOP_S = 10.0
+
+
+def public_host(host: str) -> str:
+    """The host to print in URLs: a wildcard bind address is reached through localhost."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    no_worker: Annotated[
+        bool, typer.Option("--no-worker", help="Do not start a job worker alongside.")
+    ] = False,
+    demo: Annotated[
+        bool, typer.Option("--demo", help="Add demo models and strategies to the admin's team.")
+    ] = False,
 ) -> None:
-    """Start the web service (API under /api, UI at /)."""
+    """Start the web service (API under /api, UI at /) with one job worker.
+
+    The database (SHARDLAB_DATABASE_URL, or SQLite in SHARDLAB_DATA_DIR) is migrated first;
+    on a fresh one the first admin's one-time login link is printed.
+    """
     import uvicorn
 
+    from backend import migrate
     from backend.app import create_app
+    from backend.bootstrap import ADMIN_TEAM, admin_team_id, first_admin_link
+    from backend.db import make_engine, session_factory, transaction
+    from backend.settings import Settings
 
-    typer.echo(f"shardlab: serving on http://{host}:{port}/", err=True)
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    try:
+        settings = Settings.from_env()
+        migrate.upgrade(settings.database_url)
+    except Exception as exc:  # bad settings or an unreachable database: one line
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    engine = make_engine(settings.database_url)
+    try:
+        factory = session_factory(engine)
+        link = first_admin_link(factory, settings)
+        if link is not None:
+            typer.echo(
+                "shardlab: first start; log in as admin (one-time link, valid "
+                f"{settings.login_link_ttl_s / 3600:g} h):\n"
+                f"  http://{public_host(host)}:{port}{link}",
+                err=True,
+            )
+        if demo:
+            from backend.auth import ensure_team
+            from backend.demo import seed_demo
+
+            team_id = admin_team_id(factory)
+            if team_id is None:
+                with transaction(factory) as session:
+                    team_id = ensure_team(session, ADMIN_TEAM).id
+            added = seed_demo(factory, team_id)
+            if added:
+                typer.echo(f"shardlab: demo data added: {', '.join(added)}", err=True)
+    finally:
+        engine.dispose()
+
+    worker = None
+    if not no_worker:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "shardlab", "worker"], env=os.environ.copy()
+        )
+        typer.echo(f"shardlab: worker started (pid {worker.pid})", err=True)
+    typer.echo(f"shardlab: serving on http://{public_host(host)}:{port}/", err=True)
+    # uvicorn shuts down gracefully on SIGTERM, then raises it again with the previous
+    # handler; make that an exception (not an instant death) so the worker is stopped too
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    finally:
+        if worker is not None:
+            _stop(worker)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    """Terminate the worker; kill it if it does not exit in time."""
+    if worker.poll() is not None:
+        return
+    worker.terminate()
+    try:
+        worker.wait(timeout=WORKER_STOP_S)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()

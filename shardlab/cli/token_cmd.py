@@ -1,1 +1,106 @@
-"""Placeholder, being written (issue 7)."""
+"""`shardlab token create|list|revoke`: API tokens for scripts and CI, from the server host."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from shardlab.cli.common import JsonFlag, app
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+token_app = typer.Typer(
+    help="API tokens (sent as 'Authorization: Bearer <token>'); only their hashes are stored.",
+    no_args_is_help=True,
+)
+app.add_typer(token_app, name="token")
+
+TeamOption = Annotated[str, typer.Option("--team", help="The team the token acts for.")]
+
+
+def _sessions() -> sessionmaker[Session]:
+    """Sessions on the migrated service database; exit 1 when it is not migrated."""
+    from backend import migrate
+    from backend.db import make_engine, session_factory
+    from backend.settings import Settings
+
+    url = Settings.from_env().database_url
+    try:
+        revision = migrate.current(url)
+    except Exception as exc:
+        typer.echo(f"error: cannot open the database: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if revision is None:
+        typer.echo("error: the database is not migrated; run `shardlab db upgrade`", err=True)
+        raise typer.Exit(1)
+    return session_factory(make_engine(url))
+
+
+@token_app.command()
+def create(
+    team: TeamOption,
+    name: Annotated[str, typer.Option("--name", help="A name to tell the token apart.")],
+) -> None:
+    """Create a token for TEAM (created if missing); prints only the secret, once."""
+    from backend.auth import create_token, ensure_team
+    from backend.db import transaction
+
+    factory = _sessions()
+    with transaction(factory) as session:
+        secret = create_token(session, ensure_team(session, team).id, name)
+    typer.echo(secret)
+
+
+@token_app.command("list")
+def list_tokens(team: TeamOption, as_json: JsonFlag = False) -> None:
+    """The team's tokens (never the secrets), revoked ones included."""
+    from sqlalchemy import select
+
+    from backend.orm import ApiToken, Team
+
+    factory = _sessions()
+    with factory() as session:
+        rows = session.execute(
+            select(ApiToken).join(Team, Team.id == ApiToken.team_id).where(Team.name == team)
+        ).scalars()
+        tokens = [
+            {
+                "id": t.id,
+                "name": t.name,
+                "prefix": t.prefix,
+                "created_at": _iso(t.created_at),
+                "revoked_at": _iso(t.revoked_at) if t.revoked_at else None,
+            }
+            for t in sorted(rows, key=lambda t: t.id)
+        ]
+    if as_json:
+        typer.echo(json.dumps(tokens, indent=2))
+        return
+    for t in tokens:
+        state = f"revoked {t['revoked_at']}" if t["revoked_at"] else "active"
+        typer.echo(f"{t['id']:>5}  {t['prefix']}...  {t['name']:<24} {state}")
+
+
+@token_app.command()
+def revoke(token_id: Annotated[int, typer.Argument(metavar="ID", help="The token's id.")]) -> None:
+    """Revoke a token: requests with it get 401 from now on."""
+    from backend.db import transaction
+    from backend.orm import ApiToken
+
+    factory = _sessions()
+    with transaction(factory) as session:
+        token = session.get(ApiToken, token_id)
+        if token is None:
+            typer.echo(f"error: no token with id {token_id}", err=True)
+            raise typer.Exit(1)
+        if token.revoked_at is None:
+            token.revoked_at = datetime.now(UTC)
+    typer.echo(f"token {token_id} revoked", err=True)
+
+
+def _iso(moment: datetime) -> str:
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()

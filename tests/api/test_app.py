@@ -1,34 +1,37 @@
-"""The service skeleton: health, presets, error bodies, the UI, a real `shardlab serve`."""
+"""The service skeleton: health, presets, error bodies, the UI (on a migrated database).
+
+The real `shardlab serve` process is tested in test_cli_service.py.
+"""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
+from collections.abc import Iterator
 
+import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from backend.app import create_app
 
-client = TestClient(create_app())
+@pytest.fixture
+def anon(app: FastAPI) -> Iterator[TestClient]:
+    """A client without credentials: these endpoints are public."""
+    with TestClient(app) as c:
+        yield c
 
 
-def test_healthz() -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
+def test_healthz(anon: TestClient) -> None:
+    assert anon.get("/healthz").json() == {"status": "ok"}
 
 
-def test_presets_listing_and_detail() -> None:
-    names = [p["name"] for p in client.get("/api/presets").json()]
+def test_presets_listing_and_detail(anon: TestClient) -> None:
+    names = [p["name"] for p in anon.get("/api/presets").json()]
     assert "llama3-8b" in names and "mlp_demo" in names
-    detail = client.get("/api/presets/gpt2").json()
+    detail = anon.get("/api/presets/gpt2").json()
     assert detail["params"] == 124_439_808 and detail["layers"] == 12
 
 
-def test_unknown_preset_is_a_404_with_code_message_detail() -> None:
-    response = client.get("/api/presets/llama9")
+def test_unknown_preset_is_a_404_with_code_message_detail(anon: TestClient) -> None:
+    response = anon.get("/api/presets/llama9")
     assert response.status_code == 404
     assert response.json() == {
         "code": "invalid_preset",
@@ -38,35 +41,12 @@ def test_unknown_preset_is_a_404_with_code_message_detail() -> None:
     assert "unknown model preset 'llama9'" in response.json()["message"]
 
 
-def test_ui_page_and_openapi() -> None:
-    page = client.get("/")
+def test_ui_page_and_openapi(anon: TestClient) -> None:
+    page = anon.get("/")
     assert page.status_code == 200 and "<h1>Shardlab</h1>" in page.text
-    assert "/api/presets" in client.get("/api/openapi.json").json()["paths"]
+    paths = anon.get("/api/openapi.json").json()["paths"]
+    assert "/api/presets" in paths and "/api/me" in paths and "/api/tokens" in paths
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_shardlab_serve_answers_healthz() -> None:
-    port = _free_port()
-    exe = Path(sys.executable).parent / "shardlab"
-    proc = subprocess.Popen(
-        [str(exe), "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    assert r.status == 200
-                    break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-                assert time.monotonic() < deadline, "serve did not answer within 30 s"
-                time.sleep(0.2)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+def test_authenticated_client_reaches_its_team(client: TestClient) -> None:
+    assert client.get("/api/me").json()["team"] == "alpha"
