@@ -1,6 +1,7 @@
-"""Demo data (`shardlab serve --demo`): a few preset models and two strategies for a team.
+"""Demo data (`shardlab serve --demo`): preset models, strategies and queued plans for a team.
 
-Seeding is idempotent: a model or strategy whose name the team already has is left alone.
+Seeding is idempotent: a model or strategy whose name the team already has is left alone, and
+plans are queued only for a team without plans (the worker builds them after start).
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from backend import ledger
 from backend.blobs import pack
 from backend.db import transaction
-from backend.orm import Model, Strategy
+from backend.orm import Model, Plan, Strategy
+from backend.routers.clusters import resolve_cluster
+from backend.settings import Settings
 from shardlab.graph_json import graph_to_json
 from shardlab.models import build_model
 from shardlab.summary import model_summary
@@ -52,6 +56,22 @@ DEMO_MODELS = (
 DEMO_STRATEGIES = (
     DemoStrategy("dp8-tp8", "dp=8,tp=8", ("dp", "megatron_tp", "sequence_parallel")),
     DemoStrategy("fsdp64", "dp=64", ("dp", "fsdp")),
+    DemoStrategy("dp2-tp2", "dp=2,tp=2", ("dp", "megatron_tp")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    model: str
+    strategy: str
+    cluster: str
+
+
+#: two llama3-8b plans on one 64-GPU cluster to compare, and a small one that builds at once
+DEMO_PLANS = (
+    DemoPlan("llama3-8b-tiny", "dp2-tp2", "h100-sxm-1x4"),
+    DemoPlan("llama3-8b", "dp8-tp8", "h100-sxm-8x8"),
+    DemoPlan("llama3-8b", "fsdp64", "h100-sxm-8x8"),
 )
 
 
@@ -69,8 +89,11 @@ def model_row(team_id: int, demo: DemoModel) -> Model:
     )
 
 
-def seed_demo(factory: sessionmaker[Session], team_id: int) -> list[str]:
-    """Add the demo models and strategies the team lacks; returns the names added."""
+def seed_demo(
+    factory: sessionmaker[Session], team_id: int, settings: Settings | None = None
+) -> list[str]:
+    """Add the demo models and strategies the team lacks and, given the settings (for the
+    job ledger), queue the demo plans if the team has none; returns what was added."""
     added: list[str] = []
     with transaction(factory, immediate=True) as session:
         models = set(session.scalars(select(Model.name).where(Model.team_id == team_id)))
@@ -93,4 +116,37 @@ def seed_demo(factory: sessionmaker[Session], team_id: int) -> list[str]:
                     )
                 )
                 added.append(strat.name)
+        if (
+            settings is not None
+            and session.scalar(select(Plan.id).where(Plan.team_id == team_id).limit(1)) is None
+        ):
+            session.flush()
+            added += [_queue_plan(session, settings, team_id, plan) for plan in DEMO_PLANS]
     return added
+
+
+def _queue_plan(session: Session, settings: Settings, team_id: int, demo: DemoPlan) -> str:
+    """Queue one demo plan (its model and strategy exist); the plan's label."""
+    model_id = session.scalar(
+        select(Model.id).where(Model.team_id == team_id, Model.name == demo.model)
+    )
+    strategy_id = session.scalar(
+        select(Strategy.id)
+        .where(Strategy.team_id == team_id, Strategy.name == demo.strategy)
+        .order_by(Strategy.version.desc())
+        .limit(1)
+    )
+    assert model_id is not None and strategy_id is not None, demo
+    spec = resolve_cluster(session, team_id, demo.cluster)
+    job = ledger.enqueue(session, settings, team_id, "plan", {"cluster": spec})
+    plan = Plan(
+        team_id=team_id,
+        model_id=model_id,
+        strategy_id=strategy_id,
+        cluster=demo.cluster,
+        job_id=job.id,
+    )
+    session.add(plan)
+    session.flush()
+    job.payload = {"plan_id": plan.id, "cluster": spec}
+    return f"plan {demo.model} x {demo.strategy} on {demo.cluster}"

@@ -30,7 +30,8 @@ def serve(
         bool, typer.Option("--no-worker", help="Do not start a job worker alongside.")
     ] = False,
     demo: Annotated[
-        bool, typer.Option("--demo", help="Add demo models and strategies to the admin's team.")
+        bool,
+        typer.Option("--demo", help="Add demo models, strategies and plans to the admin's team."),
     ] = False,
 ) -> None:
     """Start the web service (API under /api, UI at /) with one job worker.
@@ -71,7 +72,7 @@ def serve(
             if team_id is None:
                 with transaction(factory) as session:
                     team_id = ensure_team(session, ADMIN_TEAM).id
-            added = seed_demo(factory, team_id)
+            added = seed_demo(factory, team_id, settings)
             if added:
                 typer.echo(f"shardlab: demo data added: {', '.join(added)}", err=True)
     finally:

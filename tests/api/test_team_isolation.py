@@ -1,0 +1,98 @@
+"""Team isolation: another team's token gets 404 on every resource of the first team.
+
+The sweep is driven by the OpenAPI document, so an endpoint added later with a path parameter
+fails here until the test knows which of team alpha's resources to aim it at.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from backend.settings import Settings
+from tests.api.test_clusters import create as create_cluster
+from tests.api.test_plans import _created, run_jobs, setup_plan
+
+STRATEGY_EDIT = {"mesh": "dp=4", "templates": ["dp"]}
+
+
+def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, str]:
+    """Every kind of resource in team alpha, built; the value of each path parameter."""
+    plan_a = setup_plan(client, "h100-sxm-1x4", "a")
+    plan_b = setup_plan(client, "h100-sxm-1x4", "b")
+    verification = _created(client.post("/api/verifications", json={"plan_id": plan_a}))
+    comparison = _created(
+        client.post("/api/comparisons", json={"plan_a_id": plan_a, "plan_b_id": plan_b})
+    )
+    create_cluster(client, "lab")
+    token = _created(client.post("/api/tokens", json={"name": "ci"}))
+    assert run_jobs(settings) == 4
+    plan = client.get(f"/api/plans/{plan_a}").json()
+    collective = client.get(f"/api/plans/{plan_a}/collectives").json()[0]["name"]
+    return {
+        "model_id": str(plan["model_id"]),
+        "strategy_id": str(plan["strategy_id"]),
+        "plan_id": str(plan_a),
+        "verification_id": str(verification["id"]),
+        "comparison_id": str(comparison["id"]),
+        "job_id": str(plan["job_id"]),
+        "token_id": str(token["id"]),
+        "value": "layers.0.mlp.down_proj.weight",
+        "/api/clusters/{name}": "lab",
+        "/api/plans/{plan_id}/collectives/{name}": collective,
+    }
+
+
+def _fill(path: str, ids: dict[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        param = match.group(1)
+        return ids.get(param) or ids[path]
+
+    return re.sub(r"\{(\w+)\}", value, path)
+
+
+def _operations(app: FastAPI) -> list[tuple[str, str]]:
+    """(method, path template) of every operation addressing one resource by a path id."""
+    return [
+        (method, path)
+        for path, item in app.openapi()["paths"].items()
+        if "{" in path and not path.startswith("/api/presets")  # presets are a shared catalog
+        for method in item
+    ]
+
+
+def _call(client: TestClient, method: str, url: str) -> Any:
+    body = STRATEGY_EDIT if method == "put" else None
+    return client.request(method.upper(), url, json=body)
+
+
+def test_another_team_gets_404_on_every_resource(
+    app: FastAPI, client: TestClient, other_client: TestClient, settings: Settings
+) -> None:
+    ids = _alpha_resources(client, settings)
+    operations = _operations(app)
+    assert len(operations) >= 18, operations
+    reads = [(m, p) for m, p in operations if m == "get"]
+    before = {p: client.get(_fill(p, ids)) for _, p in reads}
+    for path, answer in before.items():
+        assert answer.status_code == 200, (path, answer.text)
+
+    for method, path in operations:
+        url = _fill(path, ids)
+        answer = _call(other_client, method, url)
+        assert answer.status_code == 404, (method, url, answer.status_code, answer.text)
+        body = answer.json()
+        assert set(body) == {"code", "message", "detail"} and body["code"] == "not_found"
+
+    # nothing alpha owns changed, and beta's listings show none of it
+    for path, answer in before.items():
+        if not path.endswith("/events"):  # a stream, not a stored view
+            assert client.get(_fill(path, ids)).json() == answer.json(), path
+    assert client.get("/api/me").status_code == 200  # alpha's token was not revoked
+    for listing in ("models", "strategies", "plans", "verifications", "comparisons", "jobs"):
+        assert other_client.get(f"/api/{listing}").json() == [], listing
+    assert [c for c in other_client.get("/api/clusters").json() if c["source"] == "user"] == []
+    assert [t["name"] for t in other_client.get("/api/tokens").json()] == ["test"]
