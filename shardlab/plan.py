@@ -16,6 +16,7 @@ import json
 import sys
 import types
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,14 @@ class Plan:
         }
 
 
+#: a progress callback: (fraction done in 0..1, what runs now)
+Progress = Callable[[float, str], None]
+
+
+def _silent(fraction: float, message: str) -> None:
+    """The progress callback of a build nobody watches."""
+
+
 def build_plan(
     model: Graph | str,
     strategy: Strategy,
@@ -144,22 +153,37 @@ def build_plan(
     lr: float = 1e-3,
     cluster: Cluster | str | None = None,
     passes: bool = True,
+    progress: Progress | None = None,
 ) -> Plan:
     """Run the pipeline for `model` (a Graph, or a preset name) under `strategy`; with a
     `cluster` (a Cluster, a preset name or a cluster file) the plan is costed too.
-    `passes=False` stops after lowering (the passes' own tests start from there)."""
+    `passes=False` stops after lowering (the passes' own tests start from there).
+    `progress(fraction, message)` hears of every step (the worker's job progress)."""
+    report = progress or _silent
     if isinstance(model, str):
         from shardlab.models import build_model
 
         model = build_model(model)
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
+    report(0.0, "training graph")
     training = training_graph(model, optimizer=optimizer, lr=lr)
+    report(0.1, "completion")
     completed = complete(training, strategy)
-    stages = []
+    report(0.4, "lowering")
+    program = lower(completed)
     config = strategy.options.get("passes") if passes else dict.fromkeys(PASSES, False)
-    for stage in run_passes(lower(completed), training, config):
-        cost = cost_program(stage.program, training, cluster) if cluster is not None else None
+
+    def on_pass(n: int, total: int, name: str) -> None:
+        report(0.5 + 0.25 * n / total, f"pass {name}")
+
+    raw = run_passes(program, training, config, on_pass)
+    stages = []
+    for n, stage in enumerate(raw):
+        cost = None
+        if cluster is not None:
+            report(0.75 + 0.25 * n / len(raw), f"cost after {stage.name}")
+            cost = cost_program(stage.program, training, cluster)
         stages.append(PlanStage(stage.name, stage.program, stage.summary, cost))
     last = stages[-1]
     return Plan(

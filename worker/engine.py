@@ -17,17 +17,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from shardlab.autodiff import training_graph
 from shardlab.cost.clusters import cluster_from_dict
-from shardlab.cost.model import cost_program
 from shardlab.cost.trace import chrome_trace
 from shardlab.graph_json import graph_from_json
-from shardlab.lower import lower
-from shardlab.passes.manager import PassStage, resolve_passes
-from shardlab.plan import Plan, PlanStage
+from shardlab.plan import Plan, build_plan
 from shardlab.program import DistOp
-from shardlab.spmd.complete import complete
-from shardlab.spmd.explain import _driver
+from shardlab.spmd.explain import driving_input
 from shardlab.strategy import Strategy
 
 Progress = Callable[[float, str], None]
@@ -57,42 +52,23 @@ def _strategy(data: dict[str, Any]) -> Strategy:
 
 
 def build(inputs: dict[str, Any], progress: Progress, span: tuple[float, float] = (0, 1)) -> Plan:
-    """`build_plan` step by step, reporting each step within the `span` of the progress bar:
-    training graph, completion, lowering, each pass, and the cost of every stage."""
+    """`build_plan` on the job's inputs, reporting each step within `span` of the progress bar
+    (training graph, completion, lowering, each pass, the cost after each stage)."""
     lo, hi = span
 
     def report(fraction: float, message: str) -> None:
         progress(lo + (hi - lo) * fraction, message)
 
-    report(0.0, "model graph")
     model = graph_from_json(inputs["graph"])
     strategy = _strategy(inputs["strategy"])
     options = strategy.options
-    optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
-    cluster = cluster_from_dict(inputs["cluster"]) if inputs.get("cluster") else None
-    report(0.05, "training graph")
-    training = training_graph(model, optimizer=optimizer, lr=lr)
-    report(0.15, "completion")
-    completed = complete(training, strategy)
-    report(0.45, "lowering")
-    program = lower(completed)
-    passes = resolve_passes(options.get("passes"))
-    raw = [PassStage("lowered", program, {"message": "as lowered", "ops": len(program.ops)})]
-    for n, (p, opts) in enumerate(passes):
-        report(0.55 + 0.2 * n / max(len(passes), 1), f"pass {p.name}")
-        result = p.fn(raw[-1].program, training, opts)
-        summary = {"ops_before": len(raw[-1].program.ops), "ops_after": len(result.program.ops)}
-        raw.append(PassStage(p.name, result.program, {**summary, **result.summary}))
-    stages = []
-    for n, stage in enumerate(raw):
-        cost = None
-        if cluster is not None:
-            report(0.75 + 0.25 * n / len(raw), f"cost {stage.name}")
-            cost = cost_program(stage.program, training, cluster)
-        stages.append(PlanStage(stage.name, stage.program, stage.summary, cost))
-    last = stages[-1]
-    return Plan(
-        model, strategy, training, completed, last.program, optimizer, lr, last.cost, stages
+    return build_plan(
+        model,
+        strategy,
+        optimizer=str(options.get("optimizer", "adamw")),
+        lr=float(options.get("lr", 1e-3)),
+        cluster=cluster_from_dict(inputs["cluster"]) if inputs.get("cluster") else None,
+        progress=report,
     )
 
 
@@ -136,7 +112,7 @@ def placements_json(plan: Plan) -> dict[str, Any]:
                 {"spec": d.spec, "source": d.source, "detail": d.detail, "op": d.op}
                 for d in completed.decisions.get(name, ())
             ],
-            "next": _driver(completed, name),
+            "next": driving_input(completed, name),
             "reshards": [],
         }
     for op_name, index, have, need in completed.reshards():

@@ -14,7 +14,7 @@ its cost), so any pass's effect is a `compare` of two neighbouring stages.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,10 +71,19 @@ class PassStage:
     summary: dict[str, Any]
 
 
-def run_passes(program: DistProgram, training: Graph, config: Any) -> list[PassStage]:
-    """Stage "lowered" followed by one stage per pass that ran, in order."""
+def run_passes(
+    program: DistProgram,
+    training: Graph,
+    config: Any,
+    on_pass: Callable[[int, int, str], None] | None = None,
+) -> list[PassStage]:
+    """Stage "lowered" followed by one stage per pass that ran, in order; `on_pass(n, total,
+    name)` is told before each pass starts (for progress bars)."""
     stages = [PassStage("lowered", program, {"message": "as lowered", "ops": len(program.ops)})]
-    for p, options in resolve_passes(config):
+    passes = resolve_passes(config)
+    for n, (p, options) in enumerate(passes):
+        if on_pass is not None:
+            on_pass(n, len(passes), p.name)
         result = p.fn(stages[-1].program, training, options)
         summary = {"ops_before": len(stages[-1].program.ops), "ops_after": len(result.program.ops)}
         stages.append(PassStage(p.name, result.program, {**summary, **result.summary}))

@@ -38,13 +38,13 @@ def explain(completed: CompletedGraph, value: str) -> list[Step]:
     while current is not None and current not in seen and len(steps) < MAX_DEPTH:
         seen.add(current)
         decisions = tuple(completed.decisions.get(current, ()))
-        nxt = _driver(completed, current)
+        nxt = driving_input(completed, current)
         steps.append(Step(current, str(completed.specs[current]), decisions, nxt))
         current = nxt
     return steps
 
 
-def _driver(completed: CompletedGraph, value: str) -> str | None:
+def driving_input(completed: CompletedGraph, value: str) -> str | None:
     """The input of `value`'s producer that drove most of its mesh-axis choices."""
     graph = completed.graph
     op = graph.producer(value)
