@@ -175,7 +175,7 @@ def template_annotations(
     graph: Graph, mesh: Mesh, uses: tuple[TemplateUse, ...]
 ) -> list[Annotation]:
     """The annotations every template writes, in order (each sees those before it)."""
-    names = list(graph.values)
+    names = graph.values.keys()
     prior: dict[tuple[str, str], Placement] = {}
     out: list[Annotation] = []
     for use in uses:

@@ -90,7 +90,7 @@ def resolve_annotations(
 ) -> tuple[dict[str, dict[int, tuple[Placement, Annotation]]], list[Annotation]]:
     """Per value, per mesh axis index, the placement asked for and the annotation asking."""
     mesh = strategy.mesh
-    names = list(graph.values)
+    names = graph.values.keys()
     constraints: dict[str, dict[int, tuple[Placement, Annotation]]] = {}
     unmatched: list[Annotation] = []
     annotations = [*template_annotations(graph, mesh, strategy.templates), *strategy.annotations]
