@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from backend import ledger
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
+from backend.errors import ApiError
 from backend.orm import Comparison, Plan
 from backend.routers.plans import job_fields, job_of, owned
 from backend.schemas.common import PathId, errors
@@ -35,8 +36,17 @@ def _out(session: Session, comp: Comparison) -> dict[str, Any]:
 def create_comparison(
     body: ComparisonCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    """Queue the comparison of plan B against plan A (deltas are B - A)."""
+    """Queue the comparison of plan B against plan A (deltas are B - A); 422 for a plan
+    compared with itself."""
     team = principal.team_id
+    if body.plan_a_id == body.plan_b_id:
+        raise ApiError(
+            422,
+            "invalid_comparison",
+            f"plan_a_id and plan_b_id are both {body.plan_a_id}: compare two different plans",
+            field="plan_b_id",
+            plan_id=body.plan_a_id,
+        )
     owned(session, Plan, team, body.plan_a_id, "plan")
     owned(session, Plan, team, body.plan_b_id, "plan")
     job = ledger.enqueue(session, settings, team, "compare", {})

@@ -1,12 +1,16 @@
 """Plans: queue a plan build (202), then read what the worker stored.
 
-`POST /api/plans` creates the plan and its job in one transaction; a worker builds it. Once
-the job succeeded, the plan's summary and artifacts (program, placements, collectives,
-trace) are readable; before that those views answer 409 `not_ready` naming the job status.
+`POST /api/plans` creates the plan and its job in one transaction; a worker builds it. Before
+that, what the engine can refuse cheaply is refused at once (422, nothing stored): a mesh
+with more devices than the cluster, and user annotations that match no value of the model
+or do not divide a dim evenly. Once the job succeeded, the plan's summary and artifacts
+(program, placements, collectives, trace) are readable; before that those views answer 409
+`not_ready` naming the job status.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -19,8 +23,16 @@ from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
 from backend.orm import Artifact, Job, Model, Plan, Strategy
 from backend.routers.clusters import resolve_cluster
+from backend.routers.models import user_input
+from backend.routers.strategies import engine_strategy
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, PlanCreate, PlanOut
+from shardlab.autodiff import training_graph
+from shardlab.cost.clusters import cluster_from_dict
+from shardlab.errors import ClusterError
+from shardlab.graph_json import graph_from_json
+from shardlab.spmd.complete import resolve_annotations
+from shardlab.strategy import match_values
 
 router = APIRouter(prefix="/api/plans", tags=["plans"])
 
@@ -97,15 +109,50 @@ def _plan_out(session: Session, plan: Plan) -> dict[str, Any]:
     }
 
 
+def check_plan(model: Model, row: Strategy, spec: dict[str, Any] | None) -> None:
+    """Refuse at once what the worker would fail on, with the engine's own errors: a mesh
+    larger than the cluster (as `cost_program`), user annotations that match no value or do
+    not divide a dim evenly (`resolve_annotations`). The serial graph's values are values of
+    the training graph, so a refusal on it is one there; the training graph is built only
+    for annotations on values the serial graph lacks. Templates are left to the worker
+    (resolving theirs takes time quadratic in the graph's size); without templates, user
+    annotations shard a dim over a subset of the axes the worker's would, so nothing the
+    worker accepts is refused."""
+    strategy = engine_strategy(row.mesh, row.templates, row.annotations, row.options)
+    mesh = strategy.mesh
+    if spec is not None:
+        cluster = cluster_from_dict(spec)
+        if mesh.size > cluster.world_size:
+            raise ClusterError(
+                f"mesh {mesh} has {mesh.size} devices but cluster {cluster.name!r} has "
+                f"{cluster.world_size}",
+                mesh=str(mesh),
+                cluster=cluster.name,
+            )
+    if not strategy.annotations:
+        return
+    graph = graph_from_json(blobs.unpack(model.graph_blob))
+    names = list(graph.values)
+    if not all(match_values(a.pattern, names) for a in strategy.annotations):
+        # a gradient or optimizer state: match against the training graph the worker builds
+        options = strategy.options
+        with user_input("invalid_strategy", f"strategy {row.name!r} options"):
+            optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
+        graph = training_graph(graph, optimizer=optimizer, lr=lr)
+    resolve_annotations(graph, dataclasses.replace(strategy, templates=()))
+
+
 @router.post("", status_code=202, response_model=Created, responses=errors(401, 404, 422))
 def create_plan(
     body: PlanCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    """Queue the plan of a model under a strategy version (costed when `cluster` is given)."""
+    """Queue the plan of a model under a strategy version (costed when `cluster` is given);
+    422 at once for a mesh larger than the cluster or an annotation that does not fit."""
     team = principal.team_id
-    owned(session, Model, team, body.model_id, "model")
-    owned(session, Strategy, team, body.strategy_id, "strategy")
+    model = owned(session, Model, team, body.model_id, "model")
+    strategy = owned(session, Strategy, team, body.strategy_id, "strategy")
     spec = resolve_cluster(session, team, body.cluster) if body.cluster else None
+    check_plan(model, strategy, spec)
     plan = Plan(
         team_id=team,
         model_id=body.model_id,

@@ -195,10 +195,17 @@ def test_jobs_cancel_and_events(client: TestClient, settings: Settings) -> None:
 
 
 def test_engine_error_fails_the_job(client: TestClient, settings: Settings) -> None:
-    plan_id = setup_plan(client, "cpu-local")  # 2 devices for a 4-device mesh
+    model = {"name": "tiny", "preset": "llama3-8b", "overrides": TINY}
+    model_id = _created(client.post("/api/models", json=model))["id"]
+    # POST /api/plans checks the user's annotations; what templates ask is left to the worker
+    strategy = {"name": "dp3", "mesh": "dp=3", "templates": ["dp"]}  # batch 4 over dp=3
+    strategy_id = _created(client.post("/api/strategies", json=strategy))["id"]
+    body = {"model_id": model_id, "strategy_id": strategy_id, "cluster": "h100-sxm-8x8"}
+    plan_id = _created(client.post("/api/plans", json=body))["id"]
     assert run_jobs(settings) == 1
     plan = client.get(f"/api/plans/{plan_id}").json()
     assert plan["status"] == "failed" and plan["summary"] is None
-    assert plan["error"]["code"] == "invalid_cluster" and "cpu-local" in plan["error"]["message"]
+    assert plan["error"]["code"] == "invalid_placement"
+    assert "dp (3)" in plan["error"]["message"], plan["error"]
     answer = client.get(f"/api/plans/{plan_id}/trace")
     assert answer.status_code == 409 and answer.json()["detail"]["job_status"] == "failed"
