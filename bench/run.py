@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import (
+    bench_api,
     bench_completion,
     bench_graph_build,
     bench_lowering,
@@ -18,7 +19,14 @@ from bench import (
 )
 from bench.common import Section
 
-BENCHMARKS = [bench_graph_build, bench_completion, bench_lowering, bench_passes, bench_pipeline]
+BENCHMARKS = [
+    bench_graph_build,
+    bench_completion,
+    bench_lowering,
+    bench_passes,
+    bench_pipeline,
+    bench_api,
+]
 OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 
 
