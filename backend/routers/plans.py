@@ -174,7 +174,9 @@ def list_plans(session: SessionDep, principal: PrincipalDep) -> list[dict[str, A
     """The team's plans, newest first."""
     rows = session.scalars(
         select(Plan).where(Plan.team_id == principal.team_id).order_by(Plan.id.desc())
-    )
+    ).all()
+    # one query for every plan's job: `job_of` then finds them in the session
+    session.scalars(select(Job).where(Job.id.in_([plan.job_id for plan in rows]))).all()
     return [_plan_out(session, plan) for plan in rows]
 
 
