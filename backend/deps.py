@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from backend.auth import SESSION_COOKIE, Principal, principal_from_session, principal_from_token
+from backend.bootstrap import LOGIN_PATH
 from backend.errors import ApiError
 from backend.settings import Settings
 
@@ -18,9 +19,21 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
+#: GET requests that write (consuming a one-time login link)
+WRITING_GETS = frozenset({LOGIN_PATH})
+
+
 def get_session(request: Request) -> Iterator[Session]:
-    """A session per request; the router commits what it wants kept, the rest rolls back."""
+    """A session per request; the router commits what it wants kept, the rest rolls back.
+
+    Requests that write take SQLite's write lock at BEGIN (`BEGIN IMMEDIATE`, waiting out the
+    busy timeout): a deferred transaction that reads and then writes while a worker commits
+    would fail at once with "database is locked". PostgreSQL ignores the option.
+    """
+    writes = request.method not in ("GET", "HEAD", "OPTIONS") or request.url.path in WRITING_GETS
     with request.app.state.sessions() as session:
+        if writes:
+            session.connection(execution_options={"sqlite_immediate": True})
         yield session
 
 
