@@ -6,7 +6,9 @@ Every function takes the job's inputs as plain JSON-able data (see `worker.input
 - `run_plan`: `{"summary": Plan.summary(), "artifacts": {kind: data}}` with artifacts
   `plan` (Plan.to_json), `program` (compact ops), `placements` (per serial value: spec and
   the decisions that set it), `passes` (per stage: summary and step time) and, when costed,
-  `trace` (Chrome trace JSON).
+  `trace` (Chrome trace JSON), `timelines` (per stage: the simulated step of every
+  representative rank, see `timelines_json`) and `memory` (per stage: the memory profile,
+  see `memory_json`).
 - `run_verify`: `{"report": {...}}` (VerifyReport as JSON).
 - `run_compare`: `{"comparison": Comparison.to_json()}`.
 """
@@ -18,10 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from shardlab.cost.clusters import cluster_from_dict
+from shardlab.cost.model import PlanCost
+from shardlab.cost.timeline import COMPUTE
 from shardlab.cost.trace import chrome_trace
 from shardlab.graph_json import graph_from_json
-from shardlab.plan import Plan, build_plan
-from shardlab.program import DistOp
+from shardlab.plan import Plan, PlanStage, build_plan
+from shardlab.program import DistOp, DistProgram
 from shardlab.spmd.explain import driving_input
 from shardlab.strategy import Strategy
 
@@ -122,6 +126,117 @@ def placements_json(plan: Plan) -> dict[str, Any]:
     return {"mesh": str(plan.strategy.mesh), "values": values}
 
 
+TIMELINES_FORMAT = "shardlab.timelines/1"
+MEMORY_FORMAT = "shardlab.memory/1"
+
+
+def stage_collectives(program: DistProgram) -> dict[str, dict[str, float]]:
+    """Per comm kind of `program`: how many ops and their bytes per rank."""
+    out: dict[str, dict[str, float]] = {}
+    for op in program.ops:
+        if op.comm is not None:
+            entry = out.setdefault(op.kind, {"count": 0, "bytes_per_rank": 0.0})
+            entry["count"] += 1
+            entry["bytes_per_rank"] += op.comm.bytes_per_rank
+    return dict(sorted(out.items()))
+
+
+def _stage_head(stage: PlanStage) -> dict[str, Any]:
+    summary = stage.summary
+    return {
+        "name": stage.name,
+        "message": summary.get("message", ""),
+        "ops": len(stage.program.ops),
+        "collectives": stage_collectives(stage.program),
+    }
+
+
+def timeline_json(stage: PlanStage, cost: PlanCost) -> dict[str, Any]:
+    """One stage's simulated step, columnar: `ops` is the stage program's op table (program
+    order; `deps` as op indices; `bytes` moved per rank by comm ops), and every
+    representative rank's `events` (in start order) point into it by `op` index."""
+    program, timeline = stage.program, cost.timeline
+    index = {op.name: i for i, op in enumerate(program.ops)}
+    moved = [0.0] * len(program.ops)
+    ranks: dict[str, Any] = {}
+    for rep, events in sorted(timeline.events.items()):
+        columns: dict[str, list[Any]] = {"op": [], "start": [], "end": [], "exposed": []}
+        for e in events:
+            i = index[e.name]
+            moved[i] = e.bytes
+            columns["op"].append(i)
+            columns["start"].append(e.start)
+            columns["end"].append(e.end)
+            columns["exposed"].append(e.exposed)
+        ranks[str(rep)] = {
+            "stands_for": timeline.ranks_of(rep),
+            "end_time": timeline.end_time(rep),
+            "compute_time": timeline.compute_time(rep),
+            "comm_time": timeline.comm_time(rep),
+            "exposed_comm": timeline.exposed_comm(rep),
+            "overlap_fraction": timeline.overlap_fraction(rep),
+            "events": columns,
+        }
+    ops = program.ops
+    return {
+        **_stage_head(stage),
+        "cost": cost.summary(),
+        "step_time": timeline.step_time,
+        "overlap_slowdown": timeline.overlap_slowdown,
+        "rank_of_role": {str(r): p for r, p in sorted(timeline.rank_of_role.items())},
+        "streams": sorted({op.stream for op in ops}, key=lambda s: (s != COMPUTE, s)),
+        "op_table": {
+            "name": [op.name for op in ops],
+            "kind": [op.kind for op in ops],
+            "stream": [op.stream for op in ops],
+            "role": [op.role.value for op in ops],
+            "scope": [op.scope for op in ops],
+            "bytes": moved,
+            "deps": [[index[d] for d in op.deps if d in index] for op in ops],
+        },
+        "ranks": ranks,
+    }
+
+
+def timelines_json(plan: Plan) -> dict[str, Any]:
+    """The simulated step after lowering and after each pass (a costed plan's stages)."""
+    stages = [timeline_json(s, s.cost) for s in plan.stages if s.cost is not None]
+    return {"format": TIMELINES_FORMAT, "stages": stages}
+
+
+def memory_json(plan: Plan) -> dict[str, Any]:
+    """Per stage, the memory profile of each rank the cost model profiled (one: every rank
+    holds equal blocks, so the first rank of the mesh stands for all), with its series of
+    live bytes per op in program order, each point with the op's start on the timeline."""
+    mesh = plan.strategy.mesh
+    stages = []
+    for stage in plan.stages:
+        cost = stage.cost
+        if cost is None:
+            continue
+        profile = cost.memory
+        data = profile.to_json()
+        starts = {e.name: e.start for e in cost.timeline.events_of(profile.rank)}
+        order = {op.name: i for i, op in enumerate(stage.program.ops)}
+        data["series"] = {
+            "op": [name for name, _ in data["timeline"]],
+            "index": [order.get(name) for name, _ in data["timeline"]],
+            "t": [starts.get(name) for name, _ in data["timeline"]],
+            "bytes": [live for _, live in data["timeline"]],
+        }
+        del data["timeline"]
+        data["stands_for"] = list(mesh.ranks)
+        stages.append(
+            {
+                **_stage_head(stage),
+                "capacity_bytes": cost.cluster.hbm_bytes,
+                "cluster": cost.cluster.name,
+                "ranks": [data],
+            }
+        )
+    return {"format": MEMORY_FORMAT, "stages": stages}
+
+
 def run_plan(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Build (and with a cluster, cost) a plan; its summary and artifacts."""
     plan = build(inputs, progress, (0.0, 0.85))
@@ -138,6 +253,9 @@ def run_plan(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     if plan.cost is not None:
         progress(0.92, "trace")
         artifacts["trace"] = chrome_trace(plan.cost.timeline, plan.program)
+        progress(0.95, "timelines and memory per stage")
+        artifacts["timelines"] = timelines_json(plan)
+        artifacts["memory"] = memory_json(plan)
     return {"summary": plan.summary(), "artifacts": artifacts}
 
 

@@ -136,7 +136,15 @@ def test_killed_worker_job_is_taken_over_once(
         plan = session.get(Plan, plan_id)
         assert plan is not None and plan.summary is not None
         assert plan.summary["cost"]["step_time_s"] > 0
-    assert sorted(kinds) == ["passes", "placements", "plan", "program", "trace"]
+    assert sorted(kinds) == [
+        "memory",
+        "passes",
+        "placements",
+        "plan",
+        "program",
+        "timelines",
+        "trace",
+    ]
 
 
 def test_running_job_is_cancelled(
