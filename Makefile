@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: run test lint typecheck pytest postgres bench clean
+.PHONY: run test lint typecheck pytest postgres chromium bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,7 +32,7 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-pytest: $(VENV)/.installed-dev postgres
+pytest: $(VENV)/.installed-dev postgres chromium
 	$(BIN)/python -m pytest -q
 
 # the API tests run against PostgreSQL too (database `test` on 127.0.0.1:5432, trust auth)
@@ -45,7 +45,15 @@ postgres:
 	echo "       Start it (service postgresql start), or run with SHARDLAB_SKIP_POSTGRES=1." >&2; \
 	exit 1
 
-test: postgres lint typecheck pytest
+# the browser tests drive Debian's Chromium through Playwright
+chromium:
+	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	echo "installing Debian's chromium for the browser tests"; \
+	SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null \
+	  || { $$SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null; }
+
+test: postgres chromium lint typecheck pytest
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.run

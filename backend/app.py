@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from backend.db import make_engine, session_factory
@@ -17,14 +19,25 @@ from backend.routers import (
     comparisons,
     jobs,
     models,
+    plan_graph,
+    plan_sharding,
+    plan_timeline,
     plans,
     presets,
     strategies,
+    templates,
     verifications,
 )
 from backend.settings import Settings
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
+
+
+def plotly_js() -> Path:
+    """Plotly.js as the installed `plotly` package ships it (the UI's charts)."""
+    spec = find_spec("plotly")
+    assert spec is not None and spec.origin is not None, "the plotly package is a dependency"
+    return Path(spec.origin).parent / "package_data" / "plotly.min.js"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -56,13 +69,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         auth,
         models,
         strategies,
+        templates,
         clusters,
         plans,
+        plan_graph,
+        plan_sharding,
+        plan_timeline,
         verifications,
         comparisons,
         jobs,
     ):
         app.include_router(module.router)
+
+    @app.get("/vendor/plotly.min.js", include_in_schema=False)
+    def plotly() -> FileResponse:
+        return FileResponse(plotly_js(), media_type="text/javascript")
+
     install_openapi(app)
     app.mount("/", StaticFiles(directory=FRONTEND_DIR, html=True), name="frontend")
     return app

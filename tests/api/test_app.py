@@ -43,7 +43,9 @@ def test_unknown_preset_is_a_404_with_code_message_detail(anon: TestClient) -> N
 
 def test_ui_page_and_openapi(anon: TestClient) -> None:
     page = anon.get("/")
-    assert page.status_code == 200 and "<h1>Shardlab</h1>" in page.text
+    assert page.status_code == 200 and '<script type="module" src="/app.js">' in page.text
+    plotly = anon.get("/vendor/plotly.min.js")
+    assert plotly.status_code == 200 and "javascript" in plotly.headers["content-type"]
     paths = anon.get("/api/openapi.json").json()["paths"]
     assert "/api/presets" in paths and "/api/me" in paths and "/api/tokens" in paths
 

@@ -43,6 +43,7 @@ def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, str]:
         "value": "layers.0.mlp.down_proj.weight",
         "/api/clusters/{name}": "lab",
         "/api/plans/{plan_id}/collectives/{name}": collective,
+        "/api/plans/{plan_id}/graph/ops/{name}": "embed",
     }
 
 

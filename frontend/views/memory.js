@@ -1,0 +1,226 @@
+// Memory view (#/plans/:id/memory?stage=): per profiled rank, what is live at the peak by
+// category (stacked bar) against the device's capacity, live bytes over the step, and the
+// largest buffers at the peak.
+import { api, ApiError } from "../api.js";
+import { errorBox, fmtBytes, fmtPercent, h, planTabs, plotly } from "../ui.js";
+import { costedPlan } from "./timeline.js";
+
+/** Colours of the five memory categories (the API's labels). */
+export const CATEGORY_COLORS = {
+  parameters: "#4c78a8",
+  gradients: "#f58518",
+  "optimizer state": "#54a24b",
+  activations: "#b279a2",
+  buffers: "#e45756",
+};
+const CAPACITY = "#b3261e";
+
+function ranksText(ranks) {
+  if (ranks.length <= 1) return String(ranks[0] ?? "");
+  const contiguous = ranks.every((r, i) => i === 0 || r === ranks[i - 1] + 1);
+  return contiguous ? `${ranks[0]}–${ranks[ranks.length - 1]}` : ranks.join(", ");
+}
+
+function share(fraction) {
+  return fraction > 0 && fraction < 0.001 ? "< 0.1%" : fmtPercent(fraction);
+}
+
+function fitText(rank) {
+  const used = share(rank.peak_bytes / rank.capacity_bytes);
+  if (rank.fits) {
+    return h("p", { class: "fits status-succeeded", "data-peak": rank.peak_bytes },
+      `Peak ${fmtBytes(rank.peak_bytes)} of ${fmtBytes(rank.capacity_bytes)} `
+      + `(${used}) — fits, ${fmtBytes(rank.headroom_bytes)} to spare.`);
+  }
+  return h("p", { class: "fits status-failed", "data-peak": rank.peak_bytes },
+    `Peak ${fmtBytes(rank.peak_bytes)} of ${fmtBytes(rank.capacity_bytes)} `
+    + `(${used}) — does not fit: ${fmtBytes(-rank.headroom_bytes)} over.`);
+}
+
+/** The stacked bar (one per rank) of the breakdown at the peak, with the capacity line. */
+function breakdownFigure(data, toCapacity) {
+  const labels = Object.keys(data.categories);
+  const x = data.ranks.map((r) => `rank ${r.rank}`);
+  const traces = labels.map((label) => ({
+    type: "bar",
+    name: label,
+    x,
+    y: data.ranks.map((r) => r.breakdown[label]),
+    hovertext: data.ranks.map((r) => `${label}: ${fmtBytes(r.breakdown[label])}`
+      + `<br>(${data.categories[label].join(" + ")})`),
+    hoverinfo: "text",
+    marker: { color: CATEGORY_COLORS[label] },
+    width: data.ranks.length === 1 ? 0.35 : undefined,
+  }));
+  const peak = Math.max(...data.ranks.map((r) => r.peak_bytes));
+  const top = toCapacity ? Math.max(peak, data.capacity_bytes) * 1.08 : peak * 1.15;
+  return {
+    traces,
+    layout: {
+      barmode: "stack",
+      height: 380,
+      margin: { l: 70, r: 20, t: 30, b: 40 },
+      yaxis: { title: { text: "bytes per rank" }, tickformat: "~s", range: [0, top] },
+      legend: { orientation: "h", y: 1.12, x: 0 },
+      shapes: [{
+        type: "line", xref: "paper", x0: 0, x1: 1, yref: "y",
+        y0: data.capacity_bytes, y1: data.capacity_bytes,
+        line: { color: CAPACITY, width: 2, dash: "dash" },
+        name: "capacity",
+      }],
+      annotations: [{
+        xref: "paper", x: 1, xanchor: "right",
+        yref: toCapacity ? "y" : "paper", y: toCapacity ? data.capacity_bytes : 1,
+        yanchor: "bottom", showarrow: false, font: { color: CAPACITY },
+        text: `capacity ${fmtBytes(data.capacity_bytes)}${toCapacity ? "" : " (above this scale)"}`,
+      }],
+    },
+  };
+}
+
+function seriesFigure(rank) {
+  const s = rank.series;
+  const timed = s.t.every((t) => t !== null);
+  const x = timed ? s.t.map((t) => t * 1e3) : s.index;
+  return {
+    traces: [{
+      type: "scatter",
+      mode: "lines",
+      line: { shape: "hv", color: "#2f5fd0" },
+      name: "live bytes",
+      x,
+      y: s.bytes,
+      hovertext: s.op.map((op, i) => `${op}<br>${fmtBytes(s.bytes[i])}`),
+      hoverinfo: "text",
+    }, {
+      type: "scatter",
+      mode: "markers",
+      name: "peak",
+      x: [x[s.op.indexOf(rank.peak_op)]],
+      y: [rank.peak_bytes],
+      marker: { color: CAPACITY, size: 9 },
+      hovertext: [`peak at ${rank.peak_op}<br>${fmtBytes(rank.peak_bytes)}`],
+      hoverinfo: "text",
+    }],
+    layout: {
+      height: 300,
+      margin: { l: 70, r: 20, t: 10, b: 50 },
+      xaxis: { title: { text: timed ? "op start in the step (ms)" : "op (program order)" } },
+      yaxis: { title: { text: "live bytes" }, tickformat: "~s", rangemode: "tozero" },
+      showlegend: false,
+    },
+  };
+}
+
+function buffersTable(rank) {
+  return h("table", { "aria-label": `largest buffers at the peak, rank ${rank.rank}` },
+    h("thead", {}, h("tr", {}, h("th", {}, "Buffer"), h("th", {}, "Category"),
+      h("th", {}, "Made by scope"), h("th", { class: "num" }, "Bytes"))),
+    h("tbody", {}, rank.largest_buffers.map((b) => h("tr", {},
+      h("td", {}, h("code", {}, b.value)),
+      h("td", {}, b.label, b.label !== b.category ? h("span", { class: "muted" }, ` (${b.category})`) : null),
+      h("td", {}, b.scope || h("span", { class: "muted" }, "(source)")),
+      h("td", { class: "num" }, fmtBytes(b.bytes))))));
+}
+
+function breakdownTable(rank, categories) {
+  return h("table", { "aria-label": `breakdown at the peak, rank ${rank.rank}` },
+    h("thead", {}, h("tr", {}, h("th", {}, "Category"), h("th", { class: "num" }, "Bytes"),
+      h("th", {}, "Cost-model categories"))),
+    h("tbody", {},
+      Object.entries(rank.breakdown).map(([label, bytes]) => h("tr", {},
+        h("td", {}, label), h("td", { class: "num" }, fmtBytes(bytes)),
+        h("td", { class: "muted" }, categories[label].map((c) =>
+          `${c} ${fmtBytes(rank.breakdown_detail[c] ?? 0)}`).join(", ")))),
+      h("tr", {}, h("th", {}, "peak"), h("th", { class: "num" }, fmtBytes(rank.peak_bytes)),
+        h("td", { class: "muted" }, `at op ${rank.peak_op}`))));
+}
+
+export async function render(root, ctx) {
+  const id = ctx.params.id;
+  let stage = ctx.query.get("stage") || null;
+  const tabs = h("div", {}, planTabs(id, "memory", stage ? `stage=${encodeURIComponent(stage)}` : ""));
+  const body = h("div", {}, h("p", { class: "loading" }, "loading…"));
+  root.append(tabs, h("h1", {}, `Plan ${id} · memory`), body);
+  const load = () => api(`/api/plans/${id}/memory${stage ? `?stage=${encodeURIComponent(stage)}` : ""}`);
+
+  let data;
+  try {
+    if (!(await costedPlan(id, body))) return;
+    data = await load();
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404 && err.detail?.resource === "stage") {
+      stage = null;
+      ctx.setQuery({ stage: null });
+      data = await load();
+    } else {
+      body.replaceChildren(errorBox(err));
+      return;
+    }
+  }
+  if (ctx.signal.aborted) return;
+  const Plotly = await plotly();
+
+  const select = h("select", { id: "memory-stage" },
+    data.stages.map((name) => h("option", { value: name, selected: name === data.stage }, name)));
+  const scale = h("input", { type: "checkbox", id: "memory-to-capacity" });
+  const controls = h("div", { style: "display:flex;gap:1.5rem;align-items:end;flex-wrap:wrap" },
+    h("div", {}, h("label", { for: "memory-stage" }, "Stage (memory after each pass)"), select),
+    h("div", { style: "display:flex;gap:.4rem;align-items:center" }, scale,
+      h("label", { for: "memory-to-capacity", style: "font-weight:normal;margin:0" },
+        "scale up to the device's capacity")));
+  const content = h("div", {});
+  body.replaceChildren(controls, content);
+  const plots = [];
+
+  const draw = async () => {
+    for (const p of plots.splice(0)) Plotly.purge(p);
+    const peak = Math.max(...data.ranks.map((r) => r.peak_bytes));
+    const toCapacity = scale.checked;
+    const bar = h("div", { id: "memory-breakdown", role: "img",
+      "aria-label": "memory at the peak by category, with the device capacity" });
+    const cards = data.ranks.map((rank) => {
+      const line = h("div", { class: "memory-series", role: "img",
+        "aria-label": `live bytes over the step, rank ${rank.rank}` });
+      plots.push(line);
+      return { rank, line, card: h("section", { class: "card" },
+        h("h2", {}, `Rank ${rank.rank}`, h("span", { class: "muted" },
+          ` · stands for ranks ${ranksText(rank.stands_for)}`)),
+        fitText(rank),
+        h("div", { style: "display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:1rem" },
+          h("div", {}, h("h3", {}, "Breakdown at the peak"), breakdownTable(rank, data.categories)),
+          h("div", {}, h("h3", {}, "Largest buffers at the peak"), buffersTable(rank))),
+        h("h3", {}, "Live bytes over the step"), line) };
+    });
+    plots.push(bar);
+    content.replaceChildren(
+      h("p", { class: "muted" },
+        `${data.cluster}: ${fmtBytes(data.capacity_bytes)} per device. The cost model profiles `
+        + "one rank: every rank holds equal blocks, so it stands for the others."),
+      h("section", { class: "card" }, h("h2", {}, "Peak memory by category"), bar),
+      ...cards.map((c) => c.card));
+    const fig = breakdownFigure(data, toCapacity);
+    await Plotly.react(bar, fig.traces, fig.layout, { responsive: true, displaylogo: false });
+    for (const { rank, line } of cards) {
+      const s = seriesFigure(rank);
+      await Plotly.react(line, s.traces, s.layout, { responsive: true, displaylogo: false });
+    }
+    bar.dataset.peak = String(peak);
+  };
+
+  scale.checked = Math.max(...data.ranks.map((r) => r.peak_bytes)) >= 0.05 * data.capacity_bytes;
+  scale.addEventListener("change", draw);
+  select.addEventListener("change", async () => {
+    stage = select.value;
+    ctx.setQuery({ stage });
+    tabs.replaceChildren(planTabs(id, "memory", `stage=${encodeURIComponent(stage)}`));
+    try {
+      data = await load();
+      if (!ctx.signal.aborted) await draw();
+    } catch (err) {
+      content.replaceChildren(errorBox(err));
+    }
+  });
+  ctx.signal.addEventListener("abort", () => { for (const p of plots) Plotly.purge(p); });
+  await draw();
+}

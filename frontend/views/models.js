@@ -1,0 +1,258 @@
+// The team's models: the table (with each model's summary on demand), a model from a preset
+// with overrides, and a model from an uploaded graph JSON file.
+import { api, ApiError } from "../api.js";
+import { clearErrors, field, fieldOf, labelled, showError } from "../forms.js";
+import { errorBox, fmtBytes, fmtInt, h, toast } from "../ui.js";
+
+const SI = [[1e18, "E"], [1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+
+/** 1.1247e15 -> "1.12 PFLOP" (the exact count goes in the cell's title). */
+export function fmtFlops(n) {
+  const value = Number(n);
+  const [scale, prefix] = SI.find(([s]) => Math.abs(value) >= s) ?? [1, ""];
+  return `${(value / scale).toFixed(prefix ? 2 : 0)} ${prefix}FLOP`;
+}
+
+/** `layers=2` lines (or a JSON object) -> {layers: 2}; throws naming the bad line. */
+export function parseOverrides(text) {
+  const trimmed = text.trim();
+  if (!trimmed) return {};
+  if (trimmed.startsWith("{")) {
+    let parsed;
+    try { parsed = JSON.parse(trimmed); } catch (err) { throw new Error(`invalid JSON: ${err.message}`); }
+    if (typeof parsed !== "object" || Array.isArray(parsed) || parsed === null) {
+      throw new Error("the overrides must be a JSON object");
+    }
+    return parsed;
+  }
+  const out = {};
+  text.split("\n").forEach((raw, i) => {
+    const line = raw.replace(/#.*/, "").trim();
+    if (!line) return;
+    const match = line.match(/^([A-Za-z_][\w.]*)\s*[=:]\s*(.+)$/);
+    if (!match) throw new Error(`line ${i + 1}: '${line}' is not of the form key=value`);
+    const [, key, value] = match;
+    out[key] = /^-?\d[\d_]*$/.test(value) ? Number(value.replaceAll("_", ""))
+      : /^-?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$/i.test(value) ? Number(value) : value;
+  });
+  return out;
+}
+
+/** The overrides line that sets `key` ("line 3 (heads=7)"), or "" when none does. */
+function lineOf(text, key) {
+  if (!key) return "";
+  const lines = text.split("\n");
+  const i = lines.findIndex((l) => l.replace(/#.*/, "").trim().match(/^([\w.]+)\s*[=:]/)?.[1] === key);
+  return i < 0 ? "" : `line ${i + 1} (${lines[i].trim()}): `;
+}
+
+// -- the table ------------------------------------------------------------------------------
+
+function summaryDetail(model) {
+  const s = model.summary;
+  const pairs = [
+    ["parameters", fmtInt(s.params)], ["parameter bytes", fmtBytes(s.param_bytes)],
+    ["FLOPs per forward", fmtInt(s.flops_forward)], ["layers", s.layers], ["ops", fmtInt(s.ops)],
+    ["values", fmtInt(s.values)],
+    ["inputs", Object.entries(s.inputs).map(([k, v]) => `${k}: ${v}`).join(", ")],
+    ["outputs", s.outputs.join(", ")],
+    ["config", Object.entries(s.config).map(([k, v]) => `${k}=${v}`).join(", ") || "–"],
+    ["ops by kind", Object.entries(s.ops_by_kind).map(([k, v]) => `${k} ${v}`).join(", ")],
+  ];
+  return h("dl", { class: "summary" }, pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
+}
+
+function nameCell(model) {
+  const body = h("div", {}, h("p", { class: "loading" }, "loading…"));
+  const details = h("details", {}, h("summary", {}, model.name), body);
+  details.addEventListener("toggle", async () => {
+    if (!details.open || details.dataset.loaded) return;
+    details.dataset.loaded = "1";
+    try {
+      body.replaceChildren(summaryDetail(await api(`/api/models/${model.id}`)),
+        h("p", {}, h("a", { href: `#/plans/new?model=${model.id}` }, `Plan ${model.name}`)));
+    } catch (err) {
+      body.replaceChildren(errorBox(err));
+    }
+  });
+  return h("td", {}, details);
+}
+
+function modelRow(model) {
+  const overrides = Object.entries(model.overrides ?? {}).map(([k, v]) => `${k}=${v}`).join(", ");
+  return h("tr", { dataset: { modelId: model.id } },
+    nameCell(model),
+    h("td", {}, model.source),
+    h("td", {}, model.preset ?? "–"),
+    h("td", {}, overrides || "–"),
+    h("td", { class: "num", dataset: { col: "params" } }, fmtInt(model.params)),
+    h("td", { class: "num", title: `${fmtInt(model.flops_forward)} FLOPs` }, fmtFlops(model.flops_forward)),
+    h("td", { class: "num" }, String(model.layers)),
+    h("td", { class: "num" }, fmtInt(model.ops)));
+}
+
+async function fillTable(holder, highlight = null) {
+  const models = await api("/api/models");
+  if (!models.length) {
+    holder.replaceChildren(h("p", { class: "muted" }, "No models yet: create one below."));
+    return;
+  }
+  const head = ["Name", "Source", "Preset", "Overrides", "Parameters", "FLOPs / forward",
+    "Layers", "Ops"];
+  const rows = models.map(modelRow);
+  holder.replaceChildren(h("table", { "aria-label": "models" },
+    h("thead", {}, h("tr", {}, head.map((t, i) => h("th", { class: i > 3 ? "num" : null, scope: "col" }, t)))),
+    h("tbody", {}, rows)));
+  const row = rows.find((r) => r.dataset.modelId === String(highlight));
+  if (row) {
+    row.setAttribute("aria-current", "true");
+    row.style.background = "#eef3ff";
+  }
+}
+
+// -- create from a preset -------------------------------------------------------------------
+
+function defaultsTable(detail) {
+  return h("div", {},
+    h("p", {}, `${detail.name} as is: ${fmtInt(detail.params)} parameters, `,
+      `${detail.layers} layers, ${fmtFlops(detail.flops_forward)} per forward.`),
+    h("table", { "aria-label": `default config of ${detail.name}` },
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "setting"), h("th", { scope: "col" }, "default"))),
+      h("tbody", {}, Object.entries(detail.config).map(([k, v]) =>
+        h("tr", {}, h("td", {}, h("code", {}, k)), h("td", {}, String(v)))))));
+}
+
+function presetForm(presets, onCreated) {
+  const preset = h("select", { name: "preset" },
+    presets.map((p) => h("option", { value: p.name }, `${p.name} — ${p.description}`)));
+  const name = h("input", { name: "name", autocomplete: "off", placeholder: "e.g. llama3-8b-2l" });
+  const hint = h("p", { class: "muted", id: "overrides-hint" },
+    "One key=value per line (or a JSON object), e.g. layers=2. Empty: the preset as is.");
+  const overrides = h("textarea", { name: "overrides", rows: 5, cols: 40, spellcheck: "false",
+    "aria-describedby": hint.id });
+  const defaults = h("div", { class: "defaults", "aria-live": "polite" });
+  const banner = h("div");
+  const fields = { preset: field("preset", preset), name: field("name", name),
+    overrides: field("overrides", overrides) };
+  const submit = h("button", { type: "submit" }, "Create model");
+
+  async function showDefaults() {
+    defaults.replaceChildren(h("p", { class: "loading" }, "loading…"));
+    try {
+      defaults.replaceChildren(defaultsTable(await api(`/api/presets/${encodeURIComponent(preset.value)}`)));
+    } catch (err) {
+      defaults.replaceChildren(errorBox(err));
+    }
+  }
+  preset.addEventListener("change", showDefaults);
+
+  async function onSubmit(event) {
+    event.preventDefault();
+    clearErrors(fields, banner);
+    let parsed;
+    try {
+      parsed = parseOverrides(overrides.value);
+    } catch (err) {
+      showError(err, "overrides", fields, banner);
+      return;
+    }
+    submit.disabled = true;
+    try {
+      const body = { name: name.value.trim(), preset: preset.value, overrides: parsed };
+      const made = await api("/api/models", { method: "POST", body });
+      form.reset();
+      preset.value = made.preset;
+      await onCreated(made);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      let target = fieldOf(err);
+      if (target === "graph") target = "overrides";
+      if (!target && err.code === "conflict" && err.detail.name !== undefined) target = "name";
+      if (!target && ["invalid_override", "graph_too_large"].includes(err.code)) target = "overrides";
+      if (!target && err.code === "invalid_preset") target = "preset";
+      if (target === "overrides") {
+        const where = lineOf(overrides.value, err.detail.key ?? err.detail.errors?.[0]?.loc?.split(".")[2]);
+        err.message = `${where}${err.message}`;
+      }
+      showError(err, target, fields, banner);
+    } finally {
+      submit.disabled = false;
+    }
+  }
+
+  const form = h("form", { "aria-labelledby": "create-preset-h", novalidate: true, onsubmit: onSubmit },
+    h("h2", { id: "create-preset-h" }, "Create from preset"),
+    h("div", { style: "display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 1.5rem" },
+      h("div", {},
+        labelled("Preset", preset, fields.preset.line),
+        labelled("Name", name, fields.name.line),
+        labelled("Overrides", overrides, hint, fields.overrides.line),
+        h("p", {}, submit), banner),
+      h("div", {}, h("h3", {}, "Default config"), defaults)));
+  showDefaults();
+  return form;
+}
+
+// -- upload a graph file --------------------------------------------------------------------
+
+function uploadForm(onCreated) {
+  const file = h("input", { type: "file", name: "file", accept: ".json,application/json" });
+  const name = h("input", { name: "name", autocomplete: "off", placeholder: "the file's name" });
+  const banner = h("div");
+  const fields = { file: field("file", file), name: field("upload-name", name) };
+  const submit = h("button", { type: "submit" }, "Upload");
+  file.addEventListener("change", () => {
+    const chosen = file.files?.[0];
+    if (chosen && !name.value.trim()) name.value = chosen.name.replace(/\.json$/i, "");
+  });
+
+  async function onSubmit(event) {
+    event.preventDefault();
+    clearErrors(fields, banner);
+    const chosen = file.files?.[0];
+    if (!chosen) {
+      showError(new Error("choose a graph JSON file (shardlab.graph/1)"), "file", fields, banner);
+      return;
+    }
+    const modelName = name.value.trim() || chosen.name.replace(/\.json$/i, "");
+    submit.disabled = true;
+    try {
+      const made = await api(`/api/models/upload?name=${encodeURIComponent(modelName)}`,
+        { method: "POST", raw: new Blob([chosen], { type: "application/json" }) });
+      form.reset();
+      await onCreated(made);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      let target = fieldOf(err);
+      if (target !== "name") target = err.code === "conflict" ? "name" : "file";
+      showError(err, target, fields, banner);
+    } finally {
+      submit.disabled = false;
+    }
+  }
+
+  const form = h("form", { "aria-labelledby": "upload-h", novalidate: true, onsubmit: onSubmit },
+    h("h2", { id: "upload-h" }, "Upload graph file"),
+    h("p", { class: "muted" }, "A graph JSON document (shardlab.graph/1), as ",
+      h("code", {}, "shardlab export"), " writes it."),
+    labelled("Graph file", file, fields.file.line),
+    labelled("Name", name, fields.name.line),
+    h("p", {}, submit), banner);
+  return form;
+}
+
+export async function render(root) {
+  const holder = h("div", {}, h("p", { class: "loading" }, "loading…"));
+  const status = h("p", { role: "status", class: "muted" });
+  const onCreated = async (made) => {
+    await fillTable(holder, made.id);
+    status.textContent = `Created model ${made.name}: ${fmtInt(made.params)} parameters.`;
+    toast(`model ${made.name} created`);
+  };
+  const [presets] = await Promise.all([api("/api/presets"), fillTable(holder)]);
+  root.append(
+    h("h1", {}, "Models"),
+    h("section", { class: "card", "aria-label": "team models" }, holder, status),
+    h("section", { class: "card" }, presetForm(presets, onCreated)),
+    h("section", { class: "card" }, uploadForm(onCreated)));
+}

@@ -1,0 +1,136 @@
+// One plan's overview: job state (live), headline cost, collectives and why each exists,
+// fallback ops, ops per role, verification against one device, the Chrome trace.
+import { api, followJob } from "../api.js";
+import { errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, toast } from "../ui.js";
+
+function figure(label, value, note = "") {
+  return h("div", { class: "figure" }, h("div", { class: "muted" }, label),
+    h("div", { class: "value" }, value), note ? h("div", { class: "muted" }, note) : null);
+}
+
+function headline(summary) {
+  const cost = summary.cost;
+  const figures = [
+    figure("Program ops per rank", fmtInt(summary.program_ops)),
+    figure("Comm per rank", fmtBytes(summary.comm_bytes_per_rank)),
+  ];
+  if (cost) {
+    figures.unshift(
+      figure("Step time", fmtTime(cost.step_time_s), `on ${cost.cluster}`),
+      figure("MFU", fmtPercent(cost.mfu)),
+      figure("Tokens / s", fmtInt(Math.round(cost.tokens_per_s))),
+      figure("Peak memory / rank", fmtBytes(cost.peak_memory_bytes),
+        `${cost.fits ? "fits" : "does NOT fit"} in ${fmtBytes(cost.memory_capacity_bytes)}`),
+      figure("Exposed comm", fmtTime(cost.exposed_comm_s),
+        `${fmtPercent(cost.overlap_fraction)} of comm hidden`));
+  }
+  return h("section", { class: "figures", "aria-label": "headline figures" }, figures);
+}
+
+function collectivesByKind(summary) {
+  const rows = Object.entries(summary.collectives ?? {});
+  return h("table", { "aria-label": "collectives by kind" },
+    h("thead", {}, h("tr", {}, h("th", {}, "Kind"), h("th", { class: "num" }, "Count"),
+      h("th", { class: "num" }, "Bytes / rank"), h("th", {}, "Reasons"))),
+    h("tbody", {}, rows.map(([kind, c]) => h("tr", {},
+      h("td", {}, kind), h("td", { class: "num" }, c.count),
+      h("td", { class: "num" }, fmtBytes(c.bytes_per_rank)),
+      h("td", {}, h("ul", {}, c.reasons.map((r) => h("li", {}, `${r.count} × ${r.reason}`))))))));
+}
+
+/** The program's collectives; choosing one shows its full explanation. */
+async function collectiveList(planId, ctx) {
+  const all = await api(`/api/plans/${planId}/collectives`);
+  const detail = h("div", { class: "panel", id: "collective-detail", "aria-live": "polite" },
+    h("p", { class: "muted" }, "Choose a collective to see why it was inserted."));
+  async function explain(name) {
+    ctx.setQuery({ collective: name });
+    const c = await api(`/api/plans/${planId}/collectives/${encodeURIComponent(name)}`);
+    detail.replaceChildren(h("h3", {}, c.name),
+      h("dl", {},
+        ["kind", "axes", "value", "from", "to", "consumer", "scope"].flatMap((k) =>
+          [h("dt", {}, k), h("dd", {}, Array.isArray(c[k]) ? c[k].join(", ") : String(c[k] ?? "–"))]),
+        h("dt", {}, "bytes / rank"), h("dd", {}, fmtBytes(c.bytes_per_rank)),
+        h("dt", {}, "predicted time"), h("dd", {}, c.time_s ? fmtTime(c.time_s) : "–")),
+      h("p", {}, h("strong", {}, "Why: "), c.reason));
+  }
+  const list = h("ul", { class: "collectives", "aria-label": "inserted collectives" },
+    all.map((c) => h("li", {}, h("button", {
+      class: "secondary", type: "button", onclick: () => explain(c.name).catch(showError),
+    }, `${c.kind} on ${c.axes.join(",")}`), " ", h("code", {}, c.value ?? c.name),
+    h("span", { class: "muted" }, ` — ${fmtBytes(c.bytes_per_rank)}`))));
+  const wanted = ctx.query.get("collective");
+  if (wanted) explain(wanted).catch(showError);
+  function showError(err) { detail.replaceChildren(errorBox(err)); }
+  return h("section", { class: "split" }, h("div", {}, list), detail);
+}
+
+function verifySection(planId) {
+  const out = h("div", { "aria-live": "polite" });
+  const button = h("button", { type: "button" }, "Verify against one device");
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const created = await api("/api/verifications", { method: "POST", body: { plan_id: planId } });
+      const bar = h("progress", { max: 1, value: 0, "aria-label": "verification progress" });
+      out.replaceChildren(bar);
+      await followJob(created.job_id, (job) => { bar.value = job.progress; });
+      const v = await api(`/api/verifications/${created.id}`);
+      const r = v.report;
+      out.replaceChildren(r
+        ? h("p", { class: r.ok ? "status-succeeded" : "status-failed" },
+          r.ok ? `numerics match: ${r.checks.length} tensors checked (${r.compute_dtype})`
+            : `MISMATCH: ${r.failed} tensors differ; first divergence at ${r.first_divergence}`)
+        : errorBox(new Error(v.error?.message ?? `verification ${v.status}`)));
+    } catch (err) {
+      out.replaceChildren(errorBox(err));
+    } finally {
+      button.disabled = false;
+    }
+  });
+  return h("section", {}, h("h2", {}, "Verification"), button, out);
+}
+
+/** A queued or running plan: live progress and a cancel button; re-renders when it ends. */
+async function pending(root, plan, ctx) {
+  const bar = h("progress", { max: 1, value: plan.progress, "aria-label": "plan job progress" });
+  const message = h("span", { class: "muted" }, plan.message);
+  const cancel = h("button", { type: "button", class: "secondary" }, "Cancel");
+  cancel.addEventListener("click", async () => {
+    try { await api(`/api/jobs/${plan.job_id}/cancel`, { method: "POST" }); toast("cancelling"); }
+    catch (err) { root.append(errorBox(err)); }
+  });
+  root.append(h("p", {}, bar, " ", message, " ", cancel));
+  const job = await followJob(plan.job_id, (j) => {
+    bar.value = j.progress; message.textContent = `${j.status}: ${j.message}`;
+  }, ctx.signal);
+  if (job && !ctx.signal.aborted) window.dispatchEvent(new HashChangeEvent("hashchange"));
+}
+
+export async function render(root, ctx) {
+  const planId = Number(ctx.params.id);
+  const plan = await api(`/api/plans/${planId}`);
+  root.append(planTabs(planId, "overview"),
+    h("h1", {}, `Plan #${planId}`, plan.summary ? ` — ${plan.summary.model}` : ""),
+    h("p", {}, h("span", { class: `status-${plan.status}` }, plan.status), " · ",
+      plan.summary?.strategy ?? "", plan.cluster ? ` · cluster ${plan.cluster}` : ""));
+  if (["queued", "running"].includes(plan.status)) return pending(root, plan, ctx);
+  if (plan.status !== "succeeded") {
+    root.append(errorBox(new Error(plan.error?.message ?? plan.message)));
+    return;
+  }
+  const s = plan.summary;
+  root.append(headline(s));
+  if (s.cost) {
+    root.append(h("p", {}, h("a", { href: `/api/plans/${planId}/trace`, download: "" },
+      "Download Chrome trace"), h("span", { class: "muted" }, " — open it in Perfetto")));
+  }
+  root.append(h("h2", {}, "Collectives"), collectivesByKind(s), await collectiveList(planId, ctx));
+  root.append(h("h2", {}, "Ops per role"), h("p", {},
+    Object.entries(s.ops_by_role).map(([role, n]) => `${role}: ${n}`).join(" · ")));
+  root.append(h("h2", {}, "Fallback ops"), s.fallback_ops.length
+    ? h("ul", { "aria-label": "fallback ops" }, s.fallback_ops.map((op) =>
+      h("li", {}, typeof op === "string" ? op : JSON.stringify(op))))
+    : h("p", { class: "muted" }, "None: every op has an SPMD rule."));
+  root.append(verifySection(planId));
+}
