@@ -16,6 +16,7 @@ from bench import (
     bench_lowering,
     bench_passes,
     bench_pipeline,
+    bench_ui_graph,
 )
 from bench.common import Section
 
@@ -26,6 +27,7 @@ BENCHMARKS = [
     bench_passes,
     bench_pipeline,
     bench_api,
+    bench_ui_graph,
 ]
 OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 

@@ -1,0 +1,63 @@
+"""Plans list and a plan's overview: headline figures, collectives that explain themselves,
+verification against one device, the Chrome trace link."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from playwright.sync_api import Page, expect
+
+from tests.ui.conftest import Server, screenshot
+
+
+def fmt_time(seconds: float) -> str:
+    """What ui.js fmtTime shows."""
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def test_plans_list_shows_the_built_plan(page: Page, built_plan: dict[str, Any]) -> None:
+    page.goto("/#/plans")
+    row = page.locator(f"tr[data-plan-id='{built_plan['id']}']")
+    expect(row).to_contain_text("ui-tiny")
+    expect(row).to_contain_text("succeeded")
+    expect(row).to_contain_text(fmt_time(built_plan["summary"]["cost"]["step_time_s"]))
+
+
+def test_overview_explains_a_collective_and_verifies(
+    page: Page, server: Server, built_plan: dict[str, Any]
+) -> None:
+    plan_id = built_plan["id"]
+    summary = built_plan["summary"]
+    page.goto(f"/#/plans/{plan_id}")
+    figures = page.get_by_label("headline figures")
+    expect(figures).to_contain_text(fmt_time(summary["cost"]["step_time_s"]))
+    expect(figures).to_contain_text("fits")
+    kinds = page.get_by_label("collectives by kind")
+    for kind, entry in summary["collectives"].items():
+        expect(kinds).to_contain_text(kind)
+        expect(kinds.locator("tr", has_text=kind).locator("td").nth(1)).to_have_text(
+            str(entry["count"])
+        )
+
+    collectives = server.api("GET", f"/api/plans/{plan_id}/collectives")
+    first = collectives[0]
+    page.get_by_label("inserted collectives").get_by_role("button").first.click()
+    detail = page.locator("#collective-detail")
+    expect(detail).to_contain_text(first["reason"])
+    expect(detail).to_contain_text(first["name"])
+    # a permalink reopens this explanation
+    assert f"collective={quote(first['name'], safe='')}" in page.url
+    page.reload()
+    expect(page.locator("#collective-detail")).to_contain_text(first["reason"])
+
+    href = page.get_by_role("link", name="Download Chrome trace").get_attribute("href")
+    assert href == f"/api/plans/{plan_id}/trace"
+    screenshot(page, "plan")
+
+    page.get_by_role("button", name="Verify against one device").click()
+    expect(page.get_by_text("numerics match")).to_be_visible(timeout=60_000)
