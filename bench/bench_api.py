@@ -145,7 +145,7 @@ def _token(settings: Settings) -> str:
 
 
 def _start_server(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "shardlab", "serve", "--no-worker"]
+    command = [sys.executable, "-m", "backend", "serve", "--no-worker"]
     command += ["--host", HOST, "--port", str(port)]
     with log.open("wb") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -112,7 +112,7 @@ def ui_server() -> Iterator[UiServer]:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "shardlab", "serve", "--port", str(port)],
+            [sys.executable, "-m", "backend", "serve", "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -134,7 +134,7 @@ def ui_server() -> Iterator[UiServer]:
             login_link = next(m.group(0) for line in log if (m := link.search(line)))
             create = ["token", "create", "--team", "default", "--name", "bench"]
             made = subprocess.run(
-                [sys.executable, "-m", "shardlab", *create],
+                [sys.executable, "-m", "backend", *create],
                 env=env,
                 check=True,
                 capture_output=True,

@@ -1,4 +1,4 @@
-"""`python -m shardlab ...` runs the `shardlab` command (used to start worker processes)."""
+"""`python -m shardlab ...` runs the engine's commands (`python -m backend` adds the service's)."""
 
 from shardlab.cli import app
 

@@ -2,18 +2,15 @@
 
 `MODEL` arguments are a preset name (`llama3-8b`) or the path of a graph JSON file;
 `--set key=value` overrides preset fields. User errors print one line naming the culprit
-and exit with status 1.
+and exit with status 1. The service's commands (serve, worker, db, token) are added by
+`backend.cli`, which is what the installed `shardlab` script runs.
 """
 
 from shardlab.cli import (  # noqa: F401  (register commands)
-    db_cmd,
     model_cmds,
     plan_cmd,
-    serve_cmd,
     sharding_cmds,
-    token_cmd,
     verify_cmd,
-    worker_cmd,
 )
 from shardlab.cli.common import app
 

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from backend import migrate
 from backend.auth import SESSION_COOKIE
+from backend.cli import app as cli
 from backend.settings import Settings
-from shardlab.cli import app as cli
 
 runner = CliRunner()
 
@@ -117,7 +117,7 @@ def _serve(tmp_path: Path, port: int, *flags: str) -> tuple[subprocess.Popen[str
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLAB_")}
     env["SHARDLAB_DATA_DIR"] = str(tmp_path / "data")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shardlab", "serve", "--port", str(port), *flags],
+        [sys.executable, "-m", "backend", "serve", "--port", str(port), *flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,4 +1,4 @@
-"""Real `python -m shardlab worker` processes: a killed worker's job is taken over after its
+"""Real `python -m backend worker` processes: a killed worker's job is taken over after its
 heartbeat goes stale and finished once; a running job is cancelled; a deadline stops one.
 
 The job is the plan of llama3-70b (80 layers) on dp=8 x tp=8 with dp, megatron_tp and
@@ -48,7 +48,7 @@ class Workers:
         log = self.tmp_path / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "shardlab", "worker", "--id", name, "--poll-s", "0.2"],
+                [sys.executable, "-m", "backend", "worker", "--id", name, "--poll-s", "0.2"],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

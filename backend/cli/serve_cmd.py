@@ -81,7 +81,7 @@ def serve(
     worker = None
     if not no_worker:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "shardlab", "worker"], env=os.environ.copy()
+            [sys.executable, "-m", "backend", "worker"], env=os.environ.copy()
         )
         typer.echo(f"shardlab: worker started (pid {worker.pid})", err=True)
     typer.echo(f"shardlab: serving on http://{public_host(host)}:{port}/", err=True)

@@ -1,0 +1,5 @@
+"""`python -m backend ...` runs the full `shardlab` command (serve starts workers this way)."""
+
+from backend.cli import app
+
+app()
