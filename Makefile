@@ -55,7 +55,7 @@ chromium:
 
 test: postgres chromium lint typecheck pytest
 
-bench: $(VENV)/.installed-dev
+bench: $(VENV)/.installed-dev chromium
 	$(BIN)/python -m bench.run
 
 clean:
