@@ -32,6 +32,9 @@ def verify_cmd(
     dtype: Annotated[str, typer.Option(help="Compute dtype: float64 or float32.")] = "float64",
     optimizer: Annotated[str, typer.Option(help="adamw or sgd.")] = "adamw",
     seed: Annotated[int, typer.Option(help="Seed of the inputs and parameters.")] = 0,
+    backend: Annotated[
+        str, typer.Option(help="Where the ranks run: simulated (all ranks in this process).")
+    ] = "simulated",
     as_json: JsonFlag = False,
 ) -> None:
     """Run forward, backward and the optimizer on the simulated mesh and on one device."""
@@ -40,7 +43,9 @@ def verify_cmd(
     try:
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, annotate)
-        report = verify(graph, strategy, optimizer=optimizer, compute_dtype=dtype, seed=seed)
+        report = verify(
+            graph, strategy, optimizer=optimizer, compute_dtype=dtype, seed=seed, backend=backend
+        )
     except ShardlabError as exc:
         fail(exc)
     if as_json:

@@ -52,7 +52,7 @@ def make_feeds(graph: Graph, seed: int = 0, compute_dtype: str = "float64") -> d
     ~ 1 + N(0, 0.1^2) (norm weights). Integers: uniform in [0, index bound), [0, 2) when
     no consumer indexes with them.
     """
-    _check_compute_dtype(compute_dtype)
+    check_compute_dtype(compute_dtype)
     rng = np.random.default_rng(seed)
     feeds: dict[str, Array] = {}
     for value in source_values(graph):
@@ -119,7 +119,7 @@ def run_reference(
 
     Sources missing from `feeds` are drawn by `make_feeds(graph, seed, compute_dtype)`.
     """
-    _check_compute_dtype(compute_dtype)
+    check_compute_dtype(compute_dtype)
     env = make_feeds(graph, seed, compute_dtype)
     for name, given in (feeds or {}).items():
         value = graph.values.get(name)
@@ -141,7 +141,8 @@ def run_reference(
     return env
 
 
-def _check_compute_dtype(compute_dtype: str) -> None:
+def check_compute_dtype(compute_dtype: str) -> None:
+    """Raise an `ExecutionError` naming `compute_dtype` unless numpy can compute in it."""
     if compute_dtype not in COMPUTE_DTYPES:
         raise ExecutionError(
             f"compute dtype must be float64 or float32, got {compute_dtype!r}", dtype=compute_dtype

@@ -14,14 +14,20 @@ from typing import Any
 
 import numpy as np
 
+from shardlab.errors import ExecutionError
 from shardlab.ir import Graph, ValueKind
 from shardlab.plan import Plan, build_plan
-from shardlab.runtime.reference import run_reference, source_values
+from shardlab.runtime.reference import check_compute_dtype, run_reference, source_values
 from shardlab.runtime.simulated import global_view, run_simulated
 from shardlab.strategy import Strategy
 
 #: (rtol, atol) by compute dtype.
 TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (1e-5, 1e-5)}
+
+#: Where the distributed side runs. "simulated": every rank in this process
+#: (`runtime/simulated.py`, numpy). One process per rank (`runtime/torchdist.py`, gloo/nccl)
+#: is not written yet.
+BACKENDS = ("simulated",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +73,19 @@ def verify(
     lr: float = 1e-3,
     compute_dtype: str = "float64",
     seed: int = 0,
+    backend: str = "simulated",
 ) -> VerifyReport:
     """Run one training step distributed and on one device; compare what matters.
 
     Pass a model graph and a strategy, or a `Plan` already built (then `optimizer` and `lr`
-    are the plan's).
+    are the plan's). `backend` is one of `BACKENDS`.
     """
+    if backend not in BACKENDS:
+        raise ExecutionError(
+            f"unknown verification backend {backend!r}; available: {', '.join(BACKENDS)}",
+            backend=backend,
+        )
+    check_compute_dtype(compute_dtype)
     if isinstance(graph, Plan):
         plan = graph
     elif strategy is None:

@@ -68,6 +68,37 @@ def test_cli_verify() -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["verify", "mlp_demo", "--mesh", "x=2", "--template", "dp"])
     assert result.exit_code == 0 and result.output.startswith("PASS")
+    simulated = ["verify", "mlp_demo", "--mesh", "x=4", "--template", "dp", "--backend",
+                 "simulated", "--dtype", "float32", "--json"]  # fmt: skip
+    result = runner.invoke(app, simulated)
+    assert result.exit_code == 0 and '"ok": true' in result.output
+
+
+def test_cli_verify_exits_nonzero_when_the_numerics_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    right = kernels.KERNELS["default"]
+
+    def matmul_two_percent_off(kind, xs, attrs, ctx):  # type: ignore[no-untyped-def]
+        result = right(kind, xs, attrs, ctx)
+        return [r * 1.02 for r in result] if kind == "matmul" else result
+
+    monkeypatch.setitem(kernels.KERNELS, "default", matmul_two_percent_off)
+    mp = ["verify", "mlp_demo", "--mesh", "x=2", "--annotate", "w0=S(1)", "--annotate", "w1=S(0)"]
+    result = CliRunner().invoke(app, mp)
+    assert result.exit_code == 1 and result.output.startswith("FAIL"), result.output
+    assert "first diverging op:" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--backend", "gloo", "unknown verification backend 'gloo'; available: simulated"),
+        ("--dtype", "float16", "compute dtype must be float64 or float32, got 'float16'"),
+    ],
+)
+def test_cli_verify_names_a_bad_option(flag: str, value: str, message: str) -> None:
+    result = CliRunner().invoke(app, ["verify", "mlp_demo", "--mesh", "x=2", flag, value])
+    assert result.exit_code == 1
+    assert message in result.output
 
 
 def test_mixed_precision_master_weights_verify_and_cost_16_bytes_per_param() -> None:
