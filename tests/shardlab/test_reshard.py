@@ -197,7 +197,7 @@ def fake_world() -> Iterator[object]:
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["2x2", "2x2x2"])
+@pytest.mark.parametrize("name", sorted(MESHES))
 def test_never_more_bytes_than_dtensor(name: str, fake_world: object) -> None:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
