@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: run test lint typecheck pytest postgres chromium bench clean
+.PHONY: run test lint typecheck pytest postgres chromium screenshots bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,6 +54,10 @@ chromium:
 	  || { $$SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null; }
 
 test: postgres chromium lint typecheck pytest
+
+# refreshes the README's screenshots (the browser tests write them to build/ otherwise)
+screenshots: $(VENV)/.installed-dev chromium
+	SHARDLAB_SCREENSHOTS=docs/screenshots $(BIN)/python -m pytest -q tests/ui
 
 bench: $(VENV)/.installed-dev chromium
 	$(BIN)/python -m bench.run

@@ -5,10 +5,14 @@
 - `browser` (session): Chromium at /usr/bin/chromium driven by Playwright.
 - `page`: a logged-in tab; every console error or uncaught page error fails the test.
 - `built_plan` (session): a small llama plan created over REST and built by the worker.
+
+Screenshots go to `build/screenshots/` (ignored by git), so a test run leaves the tree clean;
+`make screenshots` sets SHARDLAB_SCREENSHOTS=docs/screenshots to refresh the README's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +23,8 @@ from playwright.sync_api import Browser, ConsoleMessage, Page
 
 from bench.ui_server import CHROMIUM, UiServer, chromium, login, ui_server
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / os.environ.get("SHARDLAB_SCREENSHOTS", "build/screenshots")
 TINY_LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 256}
 TINY_LLAMA |= {"seq": 16, "batch": 8}
 
@@ -109,7 +114,7 @@ def built_plan(server: Server) -> dict[str, Any]:
 
 
 def screenshot(page: Page, name: str) -> Path:
-    """Save the page to docs/screenshots/<name>.png (referenced from the README)."""
+    """Save the page to SCREENSHOTS/<name>.png."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=False)
