@@ -27,22 +27,22 @@ Signature = tuple[int, int, tuple[tuple[str, Any], ...]]
 
 
 @dataclass
-class _Scope:
+class ModuleScope:
     """A module while the tree is collected: its own ops and parameters, its sub-modules."""
 
     name: str
     own_ops: int = 0
     own_params: int = 0
-    children: dict[str, _Scope] = field(default_factory=dict)
+    children: dict[str, ModuleScope] = field(default_factory=dict)
 
-    def child(self, name: str) -> _Scope:
+    def child(self, name: str) -> ModuleScope:
         """The sub-module `name`, created if missing."""
         found = self.children.get(name)
         if found is None:
-            found = self.children[name] = _Scope(name)
+            found = self.children[name] = ModuleScope(name)
         return found
 
-    def at(self, path: str) -> _Scope:
+    def at(self, path: str) -> ModuleScope:
         """The module at dot path `path` under this one (itself for the empty path)."""
         node = self
         for part in path.split(".") if path else ():
@@ -60,8 +60,8 @@ def module_tree(graph: Graph) -> dict[str, Any]:
     return _render(_collect(graph), graph.name, "", merge=False)
 
 
-def _collect(graph: Graph) -> _Scope:
-    root = _Scope(graph.name)
+def _collect(graph: Graph) -> ModuleScope:
+    root = ModuleScope(graph.name)
     for op in graph.ops:
         root.at(op.scope).own_ops += 1
     for value in graph.values_of_kind(ValueKind.PARAM):
@@ -73,11 +73,12 @@ def _collect(graph: Graph) -> _Scope:
     return root
 
 
-def _join(path: str, name: str) -> str:
+def join_path(path: str, name: str) -> str:
+    """`join_path("layers", "3")` -> `layers.3`; under the root "" just the name."""
     return f"{path}.{name}" if path else name
 
 
-def _render(scope: _Scope, name: str, path: str, *, merge: bool) -> dict[str, Any]:
+def _render(scope: ModuleScope, name: str, path: str, *, merge: bool) -> dict[str, Any]:
     """One node and its (folded) children; `merge` lets a layer list become `name.*`."""
     children = _render_children(scope, path)
     own = scope.own_ops == 0 and scope.own_params == 0
@@ -93,16 +94,16 @@ def _render(scope: _Scope, name: str, path: str, *, merge: bool) -> dict[str, An
     }
 
 
-def _render_children(scope: _Scope, path: str) -> list[dict[str, Any]]:
+def _render_children(scope: ModuleScope, path: str) -> list[dict[str, Any]]:
     numbered = [n for n in scope.children if n.isdigit()]
     out: list[dict[str, Any]] = []
-    for run in _runs(scope):
+    for run in fold_runs(scope):
         first = scope.children[run[0]]
         if len(run) == 1:
-            out.append(_render(first, run[0], _join(path, run[0]), merge=True))
+            out.append(_render(first, run[0], join_path(path, run[0]), merge=True))
             continue
         label = "*" if len(run) == len(numbered) else f"{run[0]}-{run[-1]}"
-        node = _render(first, label, _join(path, label), merge=False)
+        node = _render(first, label, join_path(path, label), merge=False)
         node["ops"] *= len(run)
         node["params"] *= len(run)
         node["repeat"] = len(run)
@@ -110,7 +111,7 @@ def _render_children(scope: _Scope, path: str) -> list[dict[str, Any]]:
     return out
 
 
-def _runs(scope: _Scope) -> list[list[str]]:
+def fold_runs(scope: ModuleScope) -> list[list[str]]:
     """Children in order, grouped: consecutive numbered siblings of one structure together."""
     runs: list[list[str]] = []
     previous: tuple[int, Signature] | None = None

@@ -25,15 +25,10 @@ from sqlalchemy.orm import Session
 from backend.deps import PrincipalDep, SessionDep
 from backend.errors import ApiError
 from backend.orm import Artifact, Plan
-from backend.plan_graph import (
-    MAX_SEARCH,
-    GraphIndex,
-    ScopeNotFound,
-    op_detail,
-    scope_view,
-    search,
-    value_shapes,
-)
+from backend.plan_graph.index import GraphIndex
+from backend.plan_graph.op_detail import op_detail, value_shapes
+from backend.plan_graph.scope_view import ScopeNotFound, scope_view
+from backend.plan_graph.search import MAX_SEARCH, search
 from backend.routers.plans import artifact, built_plan
 from backend.schemas.common import PathId, errors
 from shardlab.errors import ShardlabError

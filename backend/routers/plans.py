@@ -22,6 +22,7 @@ from backend import blobs, ledger
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
 from backend.orm import Artifact, Job, Model, Plan, Strategy
+from backend.plan_graph.index import collective_json
 from backend.routers.clusters import resolve_cluster
 from backend.routers.models import user_input
 from backend.routers.strategies import engine_strategy
@@ -263,22 +264,6 @@ def get_placement(
     }
 
 
-def _collective(op: dict[str, Any]) -> dict[str, Any]:
-    comm = op["comm"]
-    return {
-        "name": op["name"],
-        "kind": comm["kind"],
-        "axes": comm["axes"],
-        "bytes_per_rank": comm["bytes_per_rank"],
-        "from": comm["from"],
-        "to": comm["to"],
-        "consumer": comm["consumer"],
-        "value": comm["value"],
-        "scope": op["scope"],
-        "reason": op["reason"],
-    }
-
-
 @router.get("/{plan_id}/collectives", responses=errors(401, 404, 409, 422))
 def list_collectives(
     plan_id: PathId, session: SessionDep, principal: PrincipalDep
@@ -286,11 +271,11 @@ def list_collectives(
     """Every communication op of the program, in program order, and why it exists."""
     plan = built_plan(session, principal.team_id, plan_id)
     ops = artifact(session, plan, "program")["ops"]
-    return [_collective(op) for op in ops if op.get("comm")]
+    return [collective_json(op) for op in ops if op.get("comm")]
 
 
 @router.get("/{plan_id}/collectives/{name:path}", responses=errors(401, 404, 409, 422))
-def get_collective(
+def getcollective_json(
     plan_id: PathId, name: str, session: SessionDep, principal: PrincipalDep
 ) -> dict[str, Any]:
     """One communication op: its full reason, values, and predicted time when costed."""
@@ -300,7 +285,7 @@ def get_collective(
         if op["name"] == name and op.get("comm"):
             times = program.get("op_times_s") or {}
             return {
-                **_collective(op),
+                **collective_json(op),
                 "stream": op["stream"],
                 "inputs": op["inputs"],
                 "outputs": op["outputs"],

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from backend.plan_graph import GraphIndex, ScopeNotFound, common_scope, scope_view, search
+from backend.plan_graph.index import GraphIndex, common_scope
+from backend.plan_graph.scope_view import ScopeNotFound, scope_view
+from backend.plan_graph.search import search
 from backend.routers.plan_graph import INDEXES, VIEWS
 from backend.settings import Settings
 from shardlab.ir import Graph, Op, OpRole, TensorType, Value, ValueKind
