@@ -133,6 +133,33 @@ class TemplateUse:
         return f"{self.name}:{self.axis}"
 
 
+#: The options a strategy may carry: the optimization passes to run (names and options are
+#: checked by `passes.manager.resolve_passes`), the optimizer and its learning rate.
+OPTIONS = ("passes", "optimizer", "lr")
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """Raise a `StrategyError` naming the first option that is unknown or out of range."""
+    from shardlab.autodiff import OPTIMIZERS
+
+    for key in options:
+        if key not in OPTIONS:
+            raise StrategyError(
+                f"unknown strategy option {key!r}; options: {', '.join(OPTIONS)}", option=key
+            )
+    optimizer = options.get("optimizer", "adamw")
+    if optimizer not in OPTIMIZERS:
+        raise StrategyError(
+            f"option 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}",
+            option="optimizer",
+        )
+    lr = options.get("lr", 1e-3)
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < float("inf"):
+        raise StrategyError(
+            f"option 'lr' must be a positive number, got {lr!r}", option="lr", value=lr
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Strategy:
     """Mesh + templates + annotations + options: everything completion needs."""
@@ -156,6 +183,7 @@ class Strategy:
         mesh = Mesh.parse(mesh) if isinstance(mesh, str) else mesh
         uses = tuple(resolve_template(t, mesh) for t in templates)
         anns = tuple(Annotation.parse(a, mesh) for a in annotations)
+        check_options(options or {})
         return cls(mesh, uses, anns, dict(options or {}))
 
     def to_json(self) -> dict[str, Any]:
@@ -186,6 +214,7 @@ class Strategy:
         options = data.get("options", {})
         if not isinstance(options, Mapping):
             raise StrategyError("strategy 'options' must be an object")
+        check_options(options)
         return cls(mesh, tuple(uses), tuple(anns), dict(options))
 
     def describe(self) -> str:

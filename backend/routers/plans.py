@@ -10,7 +10,6 @@ or do not divide a dim evenly. Once the job succeeded, the plan's summary and ar
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -24,7 +23,6 @@ from backend.errors import ApiError, not_found
 from backend.orm import Artifact, Job, Model, Plan, Strategy
 from backend.plan_graph.index import collective_json
 from backend.routers.clusters import resolve_cluster
-from backend.routers.models import user_input
 from backend.routers.strategies import engine_strategy
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, PlanCreate, PlanOut
@@ -33,7 +31,6 @@ from shardlab.cost.clusters import cluster_from_dict
 from shardlab.errors import ClusterError
 from shardlab.graph_json import graph_from_json
 from shardlab.spmd.complete import resolve_annotations
-from shardlab.strategy import match_values
 
 router = APIRouter(prefix="/api/plans", tags=["plans"])
 
@@ -111,14 +108,11 @@ def _plan_out(session: Session, plan: Plan) -> dict[str, Any]:
 
 
 def check_plan(model: Model, row: Strategy, spec: dict[str, Any] | None) -> None:
-    """Refuse at once what the worker would fail on, with the engine's own errors: a mesh
-    larger than the cluster (as `cost_program`), user annotations that match no value or do
-    not divide a dim evenly (`resolve_annotations`). The serial graph's values are values of
-    the training graph, so a refusal on it is one there; the training graph is built only
-    for annotations on values the serial graph lacks. Templates are left to the worker
-    (resolving theirs takes time quadratic in the graph's size); without templates, user
-    annotations shard a dim over a subset of the axes the worker's would, so nothing the
-    worker accepts is refused."""
+    """Refuse at once what the worker would fail on before its first pass, with the engine's
+    own errors: a mesh larger than the cluster (as `cost_program`), and annotations (the
+    templates' and the user's) that match no value or do not divide a dim evenly. This runs
+    `resolve_annotations` on the training graph the worker builds, so the check and the
+    worker cannot disagree; for llama3-8b (32 layers) it costs about 0.1 s."""
     strategy = engine_strategy(row.mesh, row.templates, row.annotations, row.options)
     mesh = strategy.mesh
     if spec is not None:
@@ -130,17 +124,10 @@ def check_plan(model: Model, row: Strategy, spec: dict[str, Any] | None) -> None
                 mesh=str(mesh),
                 cluster=cluster.name,
             )
-    if not strategy.annotations:
-        return
     graph = graph_from_json(blobs.unpack(model.graph_blob))
-    names = list(graph.values)
-    if not all(match_values(a.pattern, names) for a in strategy.annotations):
-        # a gradient or optimizer state: match against the training graph the worker builds
-        options = strategy.options
-        with user_input("invalid_strategy", f"strategy {row.name!r} options"):
-            optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
-        graph = training_graph(graph, optimizer=optimizer, lr=lr)
-    resolve_annotations(graph, dataclasses.replace(strategy, templates=()))
+    options = strategy.options  # checked by `Strategy.build`
+    optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
+    resolve_annotations(training_graph(graph, optimizer=optimizer, lr=lr), strategy)
 
 
 @router.post("", status_code=202, response_model=Created, responses=errors(401, 404, 422))
@@ -148,7 +135,8 @@ def create_plan(
     body: PlanCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
 ) -> dict[str, Any]:
     """Queue the plan of a model under a strategy version (costed when `cluster` is given);
-    422 at once for a mesh larger than the cluster or an annotation that does not fit."""
+    422 at once for a mesh larger than the cluster, or an annotation or template that does
+    not fit the model."""
     team = principal.team_id
     model = owned(session, Model, team, body.model_id, "model")
     strategy = owned(session, Strategy, team, body.strategy_id, "strategy")

@@ -112,11 +112,17 @@ def resolve_annotations(
         try:
             check_placements(graph.type_of(name).shape, mesh, placements, what=name)
         except PlacementError as exc:
-            sources = sorted({repr(a.text()) for _, a in slot.values()})
+            sources = sorted({_asker(a) for _, a in slot.values()})
             raise PlacementError(
                 f"{exc.message} (asked by annotation {', '.join(sources)})", **exc.detail
             ) from None
     return constraints, unmatched
+
+
+def _asker(ann: Annotation) -> str:
+    """An annotation as an error names it: its text, and the template that made it."""
+    template = ann.source.removeprefix("template:")
+    return repr(ann.text()) + (f" from template {template}" if template != ann.source else "")
 
 
 def complete(graph: Graph, strategy: Strategy) -> CompletedGraph:

@@ -108,6 +108,11 @@ RESOURCES: dict[str, tuple[str, dict[str, Any]]] = {
         "/api/strategies",
         {"name": "uneven-state", "mesh": "tp=3", "annotations": ["w1.exp_avg=tp:S(1)"]},
     ),
+    # the dp template shards x [16, 16] along dim 0: not in 3
+    "uneven_template": (
+        "/api/strategies",
+        {"name": "uneven-template", "mesh": "dp=3", "templates": ["dp"]},
+    ),
     "plan": ("/api/plans", {"model_id": Ref("model"), "strategy_id": Ref("strategy")}),
     "cluster": ("/api/clusters", {"name": "lab", "spec": SPEC}),
 }
@@ -214,6 +219,16 @@ CASES = [
          "'X(0)'", {"name": "s", "mesh": "dp=2", "annotations": ["w0=dp:X(0)"]}),
     Case("strategy-unknown-pass", "POST", "/api/strategies", 422, "invalid_pass", "'dp_turbo'",
          {"name": "s", "mesh": "dp=2", "options": {"passes": {"dp_turbo": True}}}),
+    Case("strategy-unknown-option", "POST", "/api/strategies", 422, "invalid_strategy",
+         "unknown strategy option 'optimiser'",
+         {"name": "s", "mesh": "dp=2", "options": {"optimiser": "sgd"}},
+         detail={"option": "optimiser"}),
+    Case("strategy-unknown-optimizer", "POST", "/api/strategies", 422, "invalid_strategy",
+         "got 'adam'", {"name": "s", "mesh": "dp=2", "options": {"optimizer": "adam"}},
+         detail={"option": "optimizer"}),
+    Case("strategy-negative-lr", "POST", "/api/strategies", 422, "invalid_strategy",
+         "option 'lr' must be a positive number, got -0.1",
+         {"name": "s", "mesh": "dp=2", "options": {"lr": -0.1}}, detail={"option": "lr"}),
     Case("strategy-unknown-field", "POST", "/api/strategies", 422, "invalid_request",
          "mesh_shape", {"name": "s", "mesh": "dp=2", "mesh_shape": [2]}),
     Case("strategy-duplicate-name", "POST", "/api/strategies", 409, "conflict", "'dp2'",
@@ -255,6 +270,11 @@ CASES = [
          "cannot shard dim 1 of 'w1.exp_avg' (size 8) over mesh axes tp (3)",
          {"model_id": Ref("model"), "strategy_id": Ref("uneven_state")},
          detail={"dim": 1, "size": 8, "axes": ["tp"]}),
+    Case("plan-template-not-divisible", "POST", "/api/plans", 422, "invalid_placement",
+         "cannot shard dim 0 of 'x' (size 16) over mesh axes dp (3): 16 is not divisible by 3 "
+         "(asked by annotation 'x=dp:S(0)' from template dp)",
+         {"model_id": Ref("model"), "strategy_id": Ref("uneven_template")},
+         detail={"dim": 0, "size": 16, "axes": ["dp"]}),
     Case("plan-annotation-matches-no-value", "POST", "/api/plans", 422, "invalid_strategy",
          "'layers.*.weight=dp:S(0)' matches no value",
          {"model_id": Ref("model"), "strategy_id": Ref("ghost")}),
@@ -396,6 +416,8 @@ FITTING: list[tuple[dict[str, Any], str | None]] = [
     ({"mesh": "tp=3", "annotations": ["w1=tp:S(1)", "w1=tp:R"]}, None),
     # fewer devices than the cluster has
     ({"mesh": "dp=2", "templates": ["dp"]}, "h100-sxm-8x8"),
+    # a template none of whose patterns name a value of this model; an SGD step
+    ({"mesh": "tp=3", "templates": ["megatron_tp"], "options": {"optimizer": "sgd"}}, None),
 ]
 
 

@@ -51,6 +51,29 @@ def test_templates_resolve_to_axes() -> None:
         Strategy.build("dp=2", ["dp:pp"])
 
 
+@pytest.mark.parametrize(
+    ("options", "pattern"),
+    [
+        ({"optimiser": "sgd"}, r"unknown strategy option 'optimiser'; options: passes, optimizer"),
+        ({"optimizer": "adam"}, r"option 'optimizer' must be one of adamw, sgd, got 'adam'"),
+        ({"lr": 0}, r"option 'lr' must be a positive number, got 0"),
+        ({"lr": "1e-3"}, r"option 'lr' must be a positive number, got '1e-3'"),
+        ({"lr": float("nan")}, r"option 'lr' must be a positive number, got nan"),
+        ({"lr": True}, r"option 'lr' must be a positive number, got True"),
+    ],
+)
+def test_bad_options_are_named(options: dict[str, object], pattern: str) -> None:
+    with pytest.raises(StrategyError, match=pattern):
+        Strategy.build("dp=2", ["dp"], options=options)
+    with pytest.raises(StrategyError, match=pattern):
+        Strategy.from_json({"mesh": "dp=2", "options": options})
+
+
+def test_good_options_are_kept() -> None:
+    options = {"optimizer": "sgd", "lr": 0.5, "passes": {"dp_overlap": False}}
+    assert Strategy.build("dp=2", ["dp"], options=options).options == options
+
+
 def test_strategy_json_round_trip() -> None:
     s = Strategy.build("dp=2,tp=4", ["dp", "megatron_tp"], ["w0=RS(1)"], {"passes": ["x"]})
     again = Strategy.from_json(s.to_json())
