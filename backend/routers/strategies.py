@@ -18,6 +18,7 @@ from backend.orm import Strategy as StrategyRow
 from backend.routers.models import commit_or_conflict, user_input
 from backend.schemas.common import PathId
 from backend.schemas.resources import StrategyCreate, StrategyOut, StrategyUpdate
+from shardlab.errors import ShardlabError
 from shardlab.passes.manager import resolve_passes
 from shardlab.strategy import Strategy
 
@@ -64,8 +65,14 @@ def owned_strategy(session: Session, team_id: int, strategy_id: int) -> Strategy
 
 
 def strategy_out(row: StrategyRow) -> dict[str, Any]:
-    """The response form of one stored version (with the engine's one-line description)."""
-    described = engine_strategy(row.mesh, row.templates, row.annotations, row.options)
+    """The response form of one stored version (with the engine's one-line description).
+
+    A version stored before a check got stricter still reads; its description says why the
+    engine refuses it now (planning with it answers 422 with the same reason)."""
+    try:
+        describe = engine_strategy(row.mesh, row.templates, row.annotations, row.options).describe()
+    except (ShardlabError, ApiError) as exc:
+        describe = f"no longer valid: {exc.message}"
     return {
         "id": row.id,
         "name": row.name,
@@ -75,7 +82,7 @@ def strategy_out(row: StrategyRow) -> dict[str, Any]:
         "annotations": row.annotations,
         "options": row.options,
         "created_at": row.created_at,
-        "describe": described.describe(),
+        "describe": describe,
     }
 
 

@@ -6,6 +6,10 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from backend.db import make_engine, session_factory, transaction
+from backend.orm import Strategy as StrategyRow
+from backend.settings import Settings
+
 
 def assert_error(response: Any, status: int, code: str, *named: str) -> dict[str, Any]:
     """The response is `status` with `{code, message, detail}` and the message names `named`."""
@@ -106,3 +110,24 @@ def test_another_teams_strategy_is_not_found(client: TestClient, other_client: T
     assert other_client.get("/api/strategies?all_versions=true").json() == []
     assert other_client.post("/api/strategies", json=DP_TP).status_code == 201
     assert client.get("/api/strategies").json() == [made]
+
+
+def test_a_version_stored_before_a_stricter_check_still_reads(
+    client: TestClient, settings: Settings
+) -> None:
+    """An option that was accepted once (an unknown key) is refused now: the version still
+    lists, saying why, and planning with it is a 422 naming the option."""
+    made = create(client, name="old")
+    engine = make_engine(settings.database_url)
+    try:
+        with transaction(session_factory(engine)) as session:
+            row = session.get(StrategyRow, made["id"])
+            assert row is not None
+            row.options = {"optimiser": "sgd"}
+    finally:
+        engine.dispose()
+    listed = {s["name"]: s for s in client.get("/api/strategies").json()}
+    assert listed["old"]["describe"].startswith("no longer valid: unknown strategy option")
+    model = client.post("/api/models", json={"name": "m", "preset": "mlp_demo"}).json()
+    plan = client.post("/api/plans", json={"model_id": model["id"], "strategy_id": made["id"]})
+    assert_error(plan, 422, "invalid_strategy", "'optimiser'")
