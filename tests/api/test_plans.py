@@ -11,6 +11,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from backend.db import make_engine, session_factory, transaction
+from backend.orm import Strategy as StrategyRow
 from backend.settings import Settings
 from shardlab.cost.trace import validate_trace
 from worker.main import Worker
@@ -197,11 +199,23 @@ def test_jobs_cancel_and_events(client: TestClient, settings: Settings) -> None:
 def test_engine_error_fails_the_job(client: TestClient, settings: Settings) -> None:
     model = {"name": "tiny", "preset": "llama3-8b", "overrides": TINY}
     model_id = _created(client.post("/api/models", json=model))["id"]
-    # POST /api/plans checks the user's annotations; what templates ask is left to the worker
-    strategy = {"name": "dp3", "mesh": "dp=3", "templates": ["dp"]}  # batch 4 over dp=3
+    strategy = {"name": "dp", "mesh": "dp=2", "templates": ["dp"]}
     strategy_id = _created(client.post("/api/strategies", json=strategy))["id"]
     body = {"model_id": model_id, "strategy_id": strategy_id, "cluster": "h100-sxm-8x8"}
+    # POST /api/plans refuses a template that does not divide a dim (batch 4 over dp=3)...
+    refused = client.post("/api/strategies", json={**strategy, "name": "dp3", "mesh": "dp=3"})
+    bad = client.post("/api/plans", json={**body, "strategy_id": _created(refused)["id"]})
+    assert bad.status_code == 422 and "dp (3)" in bad.json()["message"]
+    # ...so make the worker meet one: the stored version changes after the plan is queued
     plan_id = _created(client.post("/api/plans", json=body))["id"]
+    engine = make_engine(settings.database_url)
+    try:
+        with transaction(session_factory(engine)) as session:
+            row = session.get(StrategyRow, strategy_id)
+            assert row is not None
+            row.mesh = "dp=3"
+    finally:
+        engine.dispose()
     assert run_jobs(settings) == 1
     plan = client.get(f"/api/plans/{plan_id}").json()
     assert plan["status"] == "failed" and plan["summary"] is None
