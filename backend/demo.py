@@ -49,7 +49,8 @@ class DemoStrategy:
 
 
 DEMO_MODELS = (
-    DemoModel("llama3-8b", "llama3-8b"),
+    # a global batch of 64 sequences, so the fsdp64 plan has one per rank
+    DemoModel("llama3-8b", "llama3-8b", {"batch": 64}),
     DemoModel("llama3-8b-tiny", "llama3-8b", TINY_LLAMA),
     DemoModel("gpt2", "gpt2"),
 )
