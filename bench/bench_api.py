@@ -202,10 +202,7 @@ def _build_all(settings: Settings) -> int:
     """Run every queued job (each in a child process of the worker)."""
     worker = Worker(settings, "bench-worker")
     try:
-        done = 0
-        while worker.run_one() is not None:
-            done += 1
-        return done
+        return worker.run_until_empty()
     finally:
         worker.close()
 

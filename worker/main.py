@@ -91,6 +91,13 @@ class Worker:
         self._record(job, state, data)
         return job
 
+    def run_until_empty(self) -> int:
+        """Process jobs until the queue is empty (tests, benchmarks); how many it processed."""
+        done = 0
+        while self.run_one() is not None:
+            done += 1
+        return done
+
     def _record(self, job: Job, state: str, data: Any) -> None:
         log.info("job %s: %s", job.id, state)
         wid, factory = self.worker_id, self.factory

@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import blobs
 from backend.deps import PrincipalDep, SessionDep
 from backend.errors import ApiError
-from backend.orm import Artifact, Plan
-from backend.routers.plans import built_plan
+from backend.orm import Plan
+from backend.routers.plans import artifact_row, built_plan
 from backend.schemas.common import PathId, errors
 from shardlab.autodiff import training_graph
 from shardlab.blocks import blocks_json, mesh_json
@@ -85,19 +84,6 @@ _cache: OrderedDict[bytes, ValueTable] = OrderedDict()
 _lock = threading.Lock()
 
 
-def _artifact_row(session: Session, plan: Plan, kind: str) -> Artifact:
-    row = session.scalar(
-        select(Artifact).where(
-            Artifact.owner == "plan", Artifact.owner_id == plan.id, Artifact.kind == kind
-        )
-    )
-    if row is None:
-        raise ApiError(
-            404, "not_found", f"plan {plan.id} has no {kind}", resource=kind, plan_id=plan.id
-        )
-    return row
-
-
 def _build_table(plan_data: dict[str, Any], placements: dict[str, Any]) -> ValueTable:
     mesh = Mesh.from_json(plan_data["strategy"]["mesh"])
     graph = training_graph(
@@ -118,8 +104,8 @@ def _build_table(plan_data: dict[str, Any], placements: dict[str, Any]) -> Value
 
 def value_table(session: Session, plan: Plan) -> ValueTable:
     """The plan's mesh and values with specs, shapes, dtypes and kinds (cached)."""
-    plan_row = _artifact_row(session, plan, "plan")
-    placements_row = _artifact_row(session, plan, "placements")
+    plan_row = artifact_row(session, plan, "plan")
+    placements_row = artifact_row(session, plan, "placements")
     key = hashlib.sha256(plan_row.data + b"\0" + placements_row.data).digest()
     with _lock:
         table = _cache.get(key)

@@ -81,6 +81,11 @@ def built_plan(session: Session, team_id: int, plan_id: int) -> Plan:
 
 def artifact(session: Session, plan: Plan, kind: str) -> Any:
     """The plan's `kind` artifact, unpacked; 404 when the plan has none."""
+    return blobs.unpack(artifact_row(session, plan, kind).data)
+
+
+def artifact_row(session: Session, plan: Plan, kind: str) -> Artifact:
+    """The plan's `kind` artifact row (packed data); 404 when the plan has none."""
     row = session.scalar(
         select(Artifact).where(
             Artifact.owner == "plan", Artifact.owner_id == plan.id, Artifact.kind == kind
@@ -90,7 +95,7 @@ def artifact(session: Session, plan: Plan, kind: str) -> Any:
         raise ApiError(
             404, "not_found", f"plan {plan.id} has no {kind}", resource=kind, plan_id=plan.id
         )
-    return blobs.unpack(row.data)
+    return row
 
 
 def _plan_out(session: Session, plan: Plan) -> dict[str, Any]:

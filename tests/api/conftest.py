@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -114,3 +115,13 @@ def other_client(app: FastAPI, settings: Settings) -> Iterator[TestClient]:
     with TestClient(app) as c:
         c.headers["Authorization"] = f"Bearer {token_for(settings, 'beta')}"
         yield c
+
+
+def assert_error(response: Any, status: int, code: str, *named: str) -> dict[str, Any]:
+    """The response is `status` with `{code, message, detail}` and the message names `named`."""
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert set(body) == {"code", "message", "detail"} and body["code"] == code, body
+    for culprit in named:
+        assert culprit in body["message"], (culprit, body["message"])
+    return body

@@ -13,18 +13,9 @@ from backend.errors import ApiError
 from backend.orm import Team
 from backend.routers.clusters import resolve_cluster
 from shardlab.cost.clusters import load_cluster, preset_names
+from tests.api.conftest import assert_error
 
 SPEC = load_cluster("h100-sxm-1x8").to_json() | {"nodes": 2, "devices_per_node": 4}
-
-
-def assert_error(response: Any, status: int, code: str, *named: str) -> dict[str, Any]:
-    """The response is `status` with `{code, message, detail}` and the message names `named`."""
-    assert response.status_code == status, response.text
-    body: dict[str, Any] = response.json()
-    assert set(body) == {"code", "message", "detail"} and body["code"] == code, body
-    for culprit in named:
-        assert culprit in body["message"], (culprit, body["message"])
-    return body
 
 
 def user_clusters(client: TestClient) -> list[dict[str, Any]]:

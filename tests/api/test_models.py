@@ -13,22 +13,12 @@ from backend.orm import Job, Model, Plan, Strategy
 from shardlab.graph_json import graph_to_json
 from shardlab.models import build_model
 from shardlab.summary import model_summary
+from tests.api.conftest import assert_error
 
 SMALL = {
     "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 64, "seq": 8,
     "batch": 8,
 }  # fmt: skip
-
-
-def assert_error(response: Any, status: int, code: str, *named: str) -> dict[str, Any]:
-    """The response is `status` with `{code, message, detail}` and the message names `named`."""
-    assert response.status_code == status, response.text
-    body: dict[str, Any] = response.json()
-    assert set(body) == {"code", "message", "detail"}
-    assert body["code"] == code
-    for culprit in named:
-        assert culprit in body["message"], (culprit, body["message"])
-    return body
 
 
 def count(client: TestClient) -> int:

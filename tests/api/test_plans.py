@@ -33,10 +33,7 @@ def run_jobs(settings: Settings) -> int:
     """Run every queued job in-process (child processes do the engine work)."""
     worker = Worker(settings, "test-worker")
     try:
-        done = 0
-        while worker.run_one() is not None:
-            done += 1
-        return done
+        return worker.run_until_empty()
     finally:
         worker.close()
 

@@ -9,17 +9,7 @@ from fastapi.testclient import TestClient
 from backend.db import make_engine, session_factory, transaction
 from backend.orm import Strategy as StrategyRow
 from backend.settings import Settings
-
-
-def assert_error(response: Any, status: int, code: str, *named: str) -> dict[str, Any]:
-    """The response is `status` with `{code, message, detail}` and the message names `named`."""
-    assert response.status_code == status, response.text
-    body: dict[str, Any] = response.json()
-    assert set(body) == {"code", "message", "detail"} and body["code"] == code, body
-    for culprit in named:
-        assert culprit in body["message"], (culprit, body["message"])
-    return body
-
+from tests.api.conftest import assert_error
 
 DP_TP = {
     "name": "dp-tp",

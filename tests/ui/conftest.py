@@ -119,3 +119,13 @@ def screenshot(page: Page, name: str) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=False)
     return path
+
+
+def fmt_time(seconds: float) -> str:
+    """ui.js `fmtTime`: how the UI writes a duration."""
+    a = abs(seconds)
+    if a >= 1:
+        return f"{seconds:.3f} s"
+    if a >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"

@@ -10,18 +10,8 @@ from urllib.parse import unquote
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.ui.conftest import TINY_LLAMA, Server, create_plan, screenshot
+from tests.ui.conftest import TINY_LLAMA, Server, create_plan, fmt_time, screenshot
 from tests.ui.refusals import error_of, refusing_page
-
-
-def fmt_time(seconds: float) -> str:
-    """ui.js fmtTime."""
-    a = abs(seconds)
-    if a >= 1:
-        return f"{seconds:.3f} s"
-    if a >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
 
 
 def fmt_percent(fraction: float) -> str:

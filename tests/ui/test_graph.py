@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect
+from playwright.sync_api import Browser, Page, expect
 
-from tests.ui.conftest import Server, screenshot
+from tests.ui.conftest import Server, logged_in_page, screenshot
 
 NOT_FOUND = re.compile(r"^Failed to load resource: the server responded with a status of 404\b")
 
@@ -151,21 +151,7 @@ def test_search_keyboard_and_zoom(page: Page, built_plan: dict[str, Any]) -> Non
 def lenient_page(browser: Browser, server: Server, storage_state: str) -> Iterator[Page]:
     """conftest's `page`, letting through the console error Chromium logs for a 404 answer
     (provoked on purpose); any other console or page error still fails the test."""
-    context = browser.new_context(
-        storage_state=storage_state, viewport={"width": 1400, "height": 900}, base_url=server.url
-    )
-    tab = context.new_page()
-    problems: list[str] = []
-
-    def on_console(message: ConsoleMessage) -> None:
-        if message.type == "error" and not NOT_FOUND.match(message.text):
-            problems.append(f"console error: {message.text}")
-
-    tab.on("console", on_console)
-    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    yield tab
-    context.close()
-    assert problems == [], problems
+    yield from logged_in_page(browser, server, storage_state, NOT_FOUND)
 
 
 def test_unknown_scope_says_so(lenient_page: Page, built_plan: dict[str, Any]) -> None:

@@ -9,17 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from playwright.sync_api import Page, expect
 
-from tests.ui.conftest import Server, screenshot
-
-
-def fmt_time(seconds: float) -> str:
-    """ui.js `fmtTime`."""
-    a = abs(seconds)
-    if a >= 1:
-        return f"{seconds:.3f} s"
-    if a >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
+from tests.ui.conftest import Server, fmt_time, screenshot
 
 
 def _query(page: Page) -> dict[str, str]:
