@@ -39,7 +39,6 @@ class _Builder:
     """Accumulates program ops, value types and specs."""
 
     def __init__(self, done: CompletedGraph) -> None:
-        self.done = done
         self.mesh = done.strategy.mesh
         self.ops: list[DistOp] = []
         self.types: dict[str, TensorType] = {n: v.type for n, v in done.graph.values.items()}
