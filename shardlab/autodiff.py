@@ -30,8 +30,13 @@ from shardlab.ops import (
     get_op,
     infer_types,
 )
+from shardlab.recompute import OP_SUFFIX as RECOMPUTE_SUFFIX
+from shardlab.recompute import apply_recompute, check_policy
 
 OPTIMIZERS = ("adamw", "sgd")
+#: Backward ops that a forward op's VJP emits are named `<forward op>.bwd<n>`.
+BACKWARD_SUFFIX = ".bwd"
+
 ADAMW_DEFAULTS: dict[str, Any] = {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01,
                                   "step": 1}  # fmt: skip
 SGD_DEFAULTS: dict[str, Any] = {"weight_decay": 0.0}
@@ -73,7 +78,7 @@ class BackwardContext:
         attrs = dict(attrs or {})
         types = infer_types(kind, [self.type(v) for v in inputs], attrs)
         fwd = self.current
-        name = op_name or self._fresh(f"{fwd.name}.bwd" if fwd else f"{kind}.")
+        name = op_name or self._fresh(f"{fwd.name}{BACKWARD_SUFFIX}" if fwd else f"{kind}.")
         outs = names or ([name] if len(types) == 1 else [f"{name}.{i}" for i in range(len(types))])
         for i, (out, t) in enumerate(zip(outs, types, strict=True)):
             if out in self.values:
@@ -121,6 +126,16 @@ class BackwardContext:
         return self.one("reshape", [grad], {"shape": list(ts)})
 
 
+def forward_op_of(name: str) -> str | None:
+    """The forward op whose VJP emitted the backward op `name`, or that a recomputed op
+    replays (`<op>.recompute`, `shardlab.recompute`), or None (gradient sums, seeds, copies
+    and optimizer ops are named otherwise)."""
+    if name.endswith(RECOMPUTE_SUFFIX):
+        return name[: -len(RECOMPUTE_SUFFIX)]
+    head, sep, tail = name.rpartition(BACKWARD_SUFFIX)
+    return head if sep and head and tail.isdigit() else None
+
+
 def find_loss(graph: Graph) -> str:
     """The scalar loss value of `graph`."""
     loss_ops = [op for op in graph.ops if op.role == OpRole.LOSS]
@@ -149,8 +164,12 @@ def _needs_grad(graph: Graph, loss: str) -> set[str]:
     return from_param & to_loss
 
 
-def backward(graph: Graph, loss: str | None = None) -> tuple[BackwardContext, dict[str, str]]:
-    """Emit the backward ops of `graph`; returns the context and value -> its grad value."""
+def backward(
+    graph: Graph, loss: str | None = None, half_grads: frozenset[str] = frozenset()
+) -> tuple[BackwardContext, dict[str, str]]:
+    """Emit the backward ops of `graph`; returns the context and value -> its grad value.
+    The gradient of `v` is named `<v>.grad`, or `<v>.grad16` for the params in `half_grads`
+    (their float32 main gradient takes the `.grad` name, `training_graph`)."""
     loss = loss or find_loss(graph)
     need = _needs_grad(graph, loss)
     ctx = BackwardContext(graph)
@@ -167,17 +186,18 @@ def backward(graph: Graph, loss: str | None = None) -> tuple[BackwardContext, di
             return None
         if v in grads:
             return grads[v]
+        name = f"{v}{HALF_GRAD_SUFFIX if v in half_grads else '.grad'}"
         acc = parts[0]
         for i, part in enumerate(parts[1:], start=1):
             last = i == len(parts) - 1
-            acc = ctx.emit("add", [acc, part], names=[f"{v}.grad"] if last else None,
+            acc = ctx.emit("add", [acc, part], names=[name] if last else None,
                            kinds=[ValueKind.GRAD] if last else None,
                            op_name=f"{v}.grad_acc" if last else None)[0]  # fmt: skip
-        if len(parts) == 1 and acc not in claimed and acc != f"{v}.grad":
-            acc = ctx.rename(acc, f"{v}.grad")
-        elif acc != f"{v}.grad" and graph.value(v).kind == ValueKind.PARAM:
+        if len(parts) == 1 and acc not in claimed and acc != name:
+            acc = ctx.rename(acc, name)
+        elif acc != name and graph.value(v).kind == ValueKind.PARAM:
             shape = list(graph.type_of(v).shape)  # an alias: copy it under the grad's name
-            acc = ctx.emit("reshape", [acc], {"shape": shape}, names=[f"{v}.grad"],
+            acc = ctx.emit("reshape", [acc], {"shape": shape}, names=[name],
                            kinds=[ValueKind.GRAD], op_name=f"{v}.grad_copy")[0]  # fmt: skip
         claimed.add(acc)
         grads[v] = acc
@@ -215,57 +235,107 @@ def backward(graph: Graph, loss: str | None = None) -> tuple[BackwardContext, di
 HALF_DTYPES = frozenset({"bfloat16", "float16"})
 
 
+#: The 16-bit gradient a mixed-precision param's float32 main gradient is cast from.
+HALF_GRAD_SUFFIX = ".grad16"
+
+
+def gradient_of(name: str) -> str | None:
+    """The value whose gradient `name` holds (`<v>.grad`, or the 16-bit `<v>.grad16` of a
+    mixed-precision param), else None."""
+    for suffix in (".grad", HALF_GRAD_SUFFIX):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return None
+
+
+def _main_grad(ctx: BackwardContext, param: str, half: str) -> str:
+    """Megatron's fp32 main gradient: the 16-bit gradient `<p>.grad16` cast to float32 as
+    `<p>.grad`, which micro-batches accumulate into, data parallelism reduces and the
+    optimizer reads (bf16 training accumulates and all-reduces gradients in fp32)."""
+    (main,) = ctx.emit("main_grad", [half], names=[f"{param}.grad"], kinds=[ValueKind.GRAD],
+                       op_name=f"{param}.main_grad")  # fmt: skip
+    return main
+
+
+def _main_grads_after_their_gradient(ops: list[Op]) -> list[Op]:
+    """`ops` with each `main_grad` moved right after the op that completes its 16-bit
+    gradient: the float32 main gradient exists from then on, as Megatron's buffer does."""
+    casts = {op.inputs[0]: op for op in ops if op.kind == "main_grad"}
+    out: list[Op] = []
+    for op in ops:
+        if op.kind == "main_grad":
+            continue
+        out.append(op)
+        out += [casts[v] for v in op.outputs if v in casts]
+    return out
+
+
 def training_graph(
     graph: Graph,
     optimizer: str = "adamw",
     lr: float = 1e-3,
     master_weights: bool | None = None,
+    recompute: str = "none",
     **opt: Any,
 ) -> Graph:
     """`graph` + backward ops + one optimizer step per param with a gradient.
 
     `opt`: for adamw `betas`, `eps`, `weight_decay`, `step`; for sgd `weight_decay`.
     Mixed precision (AdamW): a 16-bit param gets a float32 master copy `<p>.master` and
-    float32 moments, the update runs on the master and the param is its 16-bit copy: 2 + 2
-    + 4 + 4 + 4 = 16 bytes per parameter with its gradient. `master_weights` None means
+    float32 moments, the update runs on the master and the param is its 16-bit copy; its
+    gradient is cast to a float32 main gradient `<p>.grad` (Megatron-LM's accounting: 2 + 4
+    + 4 + 4 + 4 = 18 bytes per parameter with its gradient). `master_weights` None means
     "for 16-bit params"; `graph.meta["master_weights"]` maps each master to its param.
+    `recompute` (none, selective, full) replays part of each layer's forward before its
+    backward instead of keeping it (`shardlab.recompute`).
     Outputs: the loss, every new param and every new state value.
     """
     if optimizer not in OPTIMIZERS:
         raise GraphError(f"autodiff: unknown optimizer {optimizer!r}; expected adamw or sgd")
+    check_policy(recompute)
     defaults = ADAMW_DEFAULTS if optimizer == "adamw" else SGD_DEFAULTS
     unknown = set(opt) - set(defaults)
     if unknown:
         raise GraphError(f"autodiff: {optimizer} has no option(s) {sorted(unknown)}")
     attrs: dict[str, Any] = {"lr": float(lr), **defaults, **opt}
     loss = find_loss(graph)
-    ctx, grads = backward(graph, loss)
+    params = [p for p in graph.values_of_kind(ValueKind.PARAM) if graph.producer(p.name) is None]
+    mixed = {
+        p.name
+        for p in params
+        if optimizer == "adamw"
+        and (p.type.dtype in HALF_DTYPES if master_weights is None else master_weights)
+    }
+    half = frozenset(p.name for p in params if p.name in mixed and p.type.dtype != "float32")
+    ctx, grads = backward(graph, loss, half)
     outputs = [loss]
     masters: dict[str, str] = {}
-    for param in graph.values_of_kind(ValueKind.PARAM):
+    for param in params:
         p = param.name
-        if p not in grads or graph.producer(p) is not None:
+        if p not in grads:
             continue
+        if p in half:
+            grads[p] = _main_grad(ctx, p, grads[p])
         ins = [p, grads[p]]
         names = [f"{p}.new"]
         if optimizer == "adamw":
-            mixed = param.type.dtype in HALF_DTYPES if master_weights is None else master_weights
-            state_type = param.type.with_dtype("float32") if mixed else param.type
-            for s in ("exp_avg", "exp_avg_sq", *(["master"] if mixed else [])):
+            state_type = param.type.with_dtype("float32") if p in mixed else param.type
+            for s in ("exp_avg", "exp_avg_sq", *(["master"] if p in mixed else [])):
                 ctx.values[f"{p}.{s}"] = Value(f"{p}.{s}", state_type, ValueKind.STATE)
                 ins.append(f"{p}.{s}")
                 names.append(f"{p}.{s}.new")
-            if mixed:
+            if p in mixed:
                 masters[f"{p}.master"] = p
         kinds = [ValueKind.PARAM] + [ValueKind.STATE] * (len(names) - 1)
         inplace = [0] if optimizer == "sgd" else [0, *range(2, len(ins))]
         ctx.emit(optimizer, ins, {**attrs, "inplace": inplace}, role=OpRole.OPTIMIZER,
                  names=names, kinds=kinds, op_name=f"{p}.{optimizer}")  # fmt: skip
         outputs += names
-    return Graph(
+    train = Graph(
         ctx.values.values(),
-        [*graph.ops, *ctx.finish()],
+        [*graph.ops, *_main_grads_after_their_gradient(ctx.finish())],
         name=f"{graph.name}.train",
         outputs=outputs,
         meta={**graph.meta, "optimizer": optimizer, "loss": loss, "master_weights": masters},
     )
+    return apply_recompute(train, recompute)

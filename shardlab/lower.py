@@ -9,14 +9,28 @@ in-place state) are resharded right after the op.
 Every serial value has one `_Held` record: where it lives now and every version made of
 it so far. One lookup per input finds the program value to read and the op it depends on;
 this keeps the per-op work (and the memory it touches) small and constant.
+
+Versions that communication made during the forward are not reused by the backward: the
+backward reshards again from the value as stored (Megatron's sequence parallelism gathers
+the norm output again for the weight gradient; FSDP gathers parameters again). A gathered
+copy kept from the forward to the backward would hold memory the recipes free. A version
+made again in the backward is named `<value>@<spec>.bw`.
+
+Parameters gathered before use (FSDP, ZeRO-3) are prefetched one layer ahead, as FSDP does:
+the gathers a layer's ops need move up to right after the first op of the layer before
+(in the same phase) and wait for it, so at most two layers' gathered parameters are live
+and the gathers overlap the previous layer's compute instead of all running at the start.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from shardlab.ir import OpRole, TensorType
 from shardlab.placement import DistSpec
 from shardlab.program import DistOp, DistProgram
 from shardlab.reshard import CommStep, plan_transition
+from shardlab.scopes import layer_scope
 from shardlab.spmd.complete import CompletedGraph
 
 #: A program value and the program op that writes it ("" for graph inputs).
@@ -62,9 +76,10 @@ class _Builder:
         t = self.types[serial]
         steps = plan_transition(t.shape, t.dtype, self.mesh, have, dst)
         current, producer = src
+        base = f"{serial}@{dst}" + ("" if f"{serial}@{dst}" not in self.types else ".bw")
         for i, step in enumerate(steps):
             last = i == len(steps) - 1
-            out = f"{serial}@{dst}" if last else f"{serial}@{dst}.{i}"
+            out = base if last else f"{base}.{i}"
             spec = dst if last else _after(self.specs[current], step)
             reason = (
                 f"{serial}: {have} -> {dst}; {why}; {step.reason}, "
@@ -73,7 +88,7 @@ class _Builder:
             name = f"{step.kind}:{out}"
             attrs = {"value": serial, "from": str(have), "to": str(dst), "consumer": consumer}
             self.ops.append(
-                DistOp(name, step.kind, (current,), (out,), f"comm:{step.axis}", OpRole.COMM,
+                DistOp(name, step.kind, (current,), (out,), _stream(step), OpRole.COMM,
                        scope=scope, attrs=attrs, comm=step, reason=reason,
                        deps=(producer,) if producer else ())
             )  # fmt: skip
@@ -84,11 +99,23 @@ class _Builder:
         return version
 
 
+def _stream(step: CommStep) -> str:
+    """A collective runs on its mesh axis' comm stream; a local step (a slice, zero-padding
+    to a partial value) moves no data between ranks and runs on the compute stream."""
+    return "compute" if step.kind.startswith("local_") else f"comm:{step.axis}"
+
+
 def _after(spec: DistSpec, step: CommStep) -> DistSpec:
     """The spec after one per-axis step."""
     placements = list(spec.placements)
     placements[spec.mesh.axis_index(step.axis)] = step.dst
     return DistSpec(spec.mesh, tuple(placements))
+
+
+def _forget_forward_copies(record: _Held, specs: dict[str, DistSpec]) -> None:
+    """Keep only the version a value lives in now; later readers reshard it again."""
+    spec = specs[record.current]
+    record.versions = {spec: record.versions[spec]}
 
 
 def lower(done: CompletedGraph) -> DistProgram:
@@ -99,7 +126,12 @@ def lower(done: CompletedGraph) -> DistProgram:
         if graph.producer(value.name) is None:
             spec = specs[value.name] = done.specs[value.name]
             held[value.name] = _Held(spec, (value.name, ""))
+    in_forward = True
     for op in graph.ops:
+        if in_forward and op.role == OpRole.BACKWARD:
+            in_forward = False
+            for record in held.values():
+                _forget_forward_copies(record, specs)
         rule = done.rules[op.name]
         inputs: list[str] = []
         deps: set[str] = set()
@@ -134,4 +166,57 @@ def lower(done: CompletedGraph) -> DistProgram:
                                   op.scope)  # fmt: skip
                 record.current = final[0]
     values = {v: record.current for v, record in held.items()}
-    return DistProgram(b.mesh, b.ops, b.types, b.specs, values)
+    return DistProgram(b.mesh, _prefetch_source_gathers(b.ops), b.types, b.specs, values)
+
+
+def _prefetch_source_gathers(ops: list[DistOp]) -> list[DistOp]:
+    """Move the comm ops that reshard a source value (a parameter gathered before use) up
+    to right after the first compute op of the previous layer of the same phase, with a
+    dependency on it: one layer of prefetch (module docstring)."""
+    made = {v for op in ops for v in op.outputs}
+    first: dict[tuple[bool, str], int] = {}  # (backward?, layer) -> its first compute op
+    order: list[tuple[bool, str]] = []
+    moved: dict[int, list[DistOp]] = {}  # anchor op index -> gathers placed right after it
+    taken: set[int] = set()
+    for i, op in enumerate(ops):
+        if op.is_comm:
+            continue
+        group = (op.role not in (OpRole.FORWARD, OpRole.LOSS), layer_scope(op.scope))
+        if group not in first:
+            first[group] = i
+            order.append(group)
+        k = order.index(group)
+        if k == 0 or order[k - 1][0] != group[0]:
+            continue
+        anchor = first[order[k - 1]]
+        for j in _source_chains_before(ops, i, made, taken):
+            gather = ops[j]
+            deps = tuple(sorted({*gather.deps, ops[anchor].name}))
+            moved.setdefault(anchor, []).append(replace(gather, deps=deps))
+            taken.add(j)
+    out: list[DistOp] = []
+    for i, op in enumerate(ops):
+        if i not in taken:
+            out.append(op)
+        out += moved.get(i, [])
+    return out
+
+
+def _source_chains_before(ops: list[DistOp], i: int, made: set[str], taken: set[int]) -> list[int]:
+    """Indices, in order, of the comm ops right before op i that turn a source value (one
+    no op makes) into an input of op i, possibly in several steps."""
+    wanted = set(ops[i].inputs)
+    chain: list[int] = []
+    j = i - 1
+    while j >= 0 and ops[j].is_comm and j not in taken:
+        if set(ops[j].outputs) & wanted:
+            wanted |= set(ops[j].inputs)
+            chain.append(j)
+        j -= 1
+    picked: list[int] = []
+    inside: set[str] = set()
+    for k in sorted(chain):
+        if all(v not in made or v in inside for v in ops[k].inputs):
+            picked.append(k)
+            inside.update(ops[k].outputs)
+    return picked

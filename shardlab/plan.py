@@ -5,13 +5,17 @@
 `build_plan(model, strategy, cluster=...)` runs it; the module itself is callable, so
 `shardlab.plan(model, strategy)` reads the way people say it. `Plan.summary()` answers the
 first questions a reviewer asks: which collectives, how many bytes, why, which ops fell back,
-and, with a cluster, step time, MFU, tokens/s and memory per rank. A plan saves as JSON
-(`Plan.to_json`, `save_plan`) holding its inputs and summary; `load_plan` rebuilds it (the
-pipeline is deterministic), which is how two saved plans are compared.
+and, with a cluster, step time, MFU, tokens/s and memory per rank. With a cluster every pass
+runs under the cost guard (`passes.guard`): a pass that would make the predicted step slower
+is declined (its stage keeps the previous program; `declined`, `declined_reason`,
+`step_before_s`, `step_after_s` in its summary), and each stage is costed once. A plan
+saves as JSON (`Plan.to_json`, `save_plan`) holding its inputs and summary; `load_plan`
+rebuilds it (the pipeline is deterministic), which is how two saved plans are compared.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import types
@@ -24,11 +28,13 @@ from typing import Any
 from shardlab.autodiff import training_graph
 from shardlab.cost.clusters import Cluster, cluster_from_dict, load_cluster
 from shardlab.cost.model import PlanCost, cost_program
+from shardlab.cost.pipeline_slots import PipelineSlotCost
 from shardlab.errors import ShardlabError
 from shardlab.graph_json import graph_from_json, graph_to_json
 from shardlab.ir import Graph
 from shardlab.lower import lower
 from shardlab.passes.manager import PASSES, run_passes
+from shardlab.plan_pipeline import PIPELINE_AXIS, PipelineReport, build_pipelined
 from shardlab.program import DistProgram
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy
@@ -51,18 +57,22 @@ class PlanStage:
     name: str
     program: DistProgram
     summary: dict[str, Any]
-    cost: PlanCost | None = None
+    cost: PlanCost | PipelineSlotCost | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, **self.summary}
         if self.cost is not None:
             out["step_time_s"] = self.cost.step_time
-            out["peak_memory_bytes"] = self.cost.memory.peak_bytes
+            out["peak_memory_bytes"] = self.cost.peak_memory_bytes
         return out
 
     def as_plan(self, plan: Plan) -> Plan:
         """`plan` as it was at this stage (for `compare` and `verify`)."""
-        return replace(plan, program=self.program, cost=self.cost, stages=[])
+        if isinstance(self.cost, PipelineSlotCost) and plan.pipeline is not None:
+            pipeline = replace(plan.pipeline, cost=self.cost)
+            return replace(plan, program=self.program, cost=None, pipeline=pipeline, stages=[])
+        flat = self.cost if isinstance(self.cost, PlanCost) else None
+        return replace(plan, program=self.program, cost=flat, stages=[])
 
 
 @dataclass
@@ -79,6 +89,9 @@ class Plan:
     cost: PlanCost | None = None
     #: the program after lowering and after each pass, with its cost when costed
     stages: list[PlanStage] = field(default_factory=list)
+    #: a mesh with a `pp` axis: the stages and the pipelined step (then `program` and
+    #: `training` are one micro-batch's, and `cost` is None)
+    pipeline: PipelineReport | None = None
 
     def collectives_by_kind(self) -> dict[str, dict[str, Any]]:
         """Per comm kind: count, bytes per rank, and the most common reasons.
@@ -122,6 +135,7 @@ class Plan:
             "unmatched_template_patterns": sorted({a.pattern for a in self.completed.unmatched}),
             "passes": [stage.to_json() for stage in self.stages[1:]],
             **({"cost": self.cost.summary()} if self.cost else {}),
+            **({"pipeline": self.pipeline.summary()} if self.pipeline else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -166,28 +180,36 @@ def build_plan(
         model = build_model(model)
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
+    if PIPELINE_AXIS in strategy.mesh.axis_names:
+        built = build_pipelined(
+            model, strategy, optimizer=optimizer, lr=lr, cluster=cluster, passes=passes,
+            report=report,
+        )  # fmt: skip
+        stages = [
+            PlanStage(name, prog, summary, cost) for name, prog, summary, cost in built.stages
+        ]
+        return Plan(model, strategy, built.training, built.completed, stages[-1].program,
+                    optimizer, lr, None, stages, built.report)  # fmt: skip
     report(0.0, "training graph")
-    training = training_graph(model, optimizer=optimizer, lr=lr)
+    training = training_graph(model, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
     report(0.1, "completion")
     completed = complete(training, strategy)
     report(0.4, "lowering")
     program = lower(completed)
     config = strategy.options.get("passes") if passes else dict.fromkeys(PASSES, False)
 
-    def on_pass(n: int, total: int, name: str) -> None:
-        report(0.5 + 0.25 * n / total, f"pass {name}")
+    costing: Callable[[DistProgram], PlanCost] | None = None
+    if cluster is not None:
+        report(0.5, "cost as lowered")
+        costing = functools.partial(cost_program, training=training, cluster=cluster)
 
-    raw = run_passes(program, training, config, on_pass)
-    stages = []
-    for n, stage in enumerate(raw):
-        cost = None
-        if cluster is not None:
-            report(0.75 + 0.25 * n / len(raw), f"cost after {stage.name}")
-            cost = cost_program(stage.program, training, cluster)
-        stages.append(PlanStage(stage.name, stage.program, stage.summary, cost))
-    last = stages[-1]
+    def on_pass(n: int, total: int, name: str) -> None:
+        report(0.5 + 0.5 * n / total, f"pass {name}" + (" and its cost" if costing else ""))
+
+    raw = run_passes(program, training, config, on_pass, costing)
+    stages = [PlanStage(s.name, s.program, s.summary, s.cost) for s in raw]
     return Plan(
-        model, strategy, training, completed, last.program, optimizer, lr, last.cost, stages
+        model, strategy, training, completed, raw[-1].program, optimizer, lr, raw[-1].cost, stages
     )
 
 

@@ -3,10 +3,13 @@
 `plan_transition` returns a sequence of `CommStep`s, each changing the placement on one mesh
 axis. It is an exact shortest-path search (Dijkstra) over per-axis placement tuples: a node is
 a valid placement tuple, an edge is one per-axis move (all_gather, all_reduce, reduce_scatter,
-all_to_all, local slice, local partial), and a path's cost is (bytes per rank, number of
-collectives, peak block bytes), compared in that order. With at most a handful of mesh axes and
-tensor dims the graph is small (a few hundred nodes), so the search is exhaustive and the plan
-is never worse than any fixed ordering, e.g. PyTorch DTensor's gather-then-slice plan.
+all_to_all, local slice, local partial), and a path's cost is (bytes per rank plus a fixed
+latency per collective expressed in bytes, `LATENCY_BYTES`; number of collectives; peak block
+bytes), compared in that order: a small tensor is all-reduced in one step rather than sliced,
+reduced and gathered to save a few bytes. With at most a handful of mesh axes and tensor dims
+the graph is small (a few hundred nodes), so the search is exhaustive and the plan is never
+slower (under that alpha-beta cost) than any fixed ordering, e.g. PyTorch DTensor's
+gather-then-slice plan.
 
 Legality of a move (checked on every edge, so nesting order is respected):
 
@@ -53,6 +56,8 @@ StepKind = Literal[
 COLLECTIVES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "all_to_all"})
 
 State = tuple[Placement, ...]
+#: Fixed cost of launching one collective, in byte-equivalents (~5 us at ~13 GB/s).
+LATENCY_BYTES = 65536.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +210,10 @@ def _tree(
         if cost > best[state]:
             continue
         for nxt, step in edges[state]:
+            launches = step.kind in COLLECTIVES and step.bytes_per_rank > 0
             new: Cost = (
-                cost[0] + step.bytes_per_rank,
-                cost[1] + (step.kind in COLLECTIVES and step.bytes_per_rank > 0),
+                cost[0] + step.bytes_per_rank + LATENCY_BYTES * launches,
+                cost[1] + launches,
                 max(cost[2], float(numel[nxt])),
             )
             if nxt not in best or new < best[nxt]:

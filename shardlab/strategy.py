@@ -1,147 +1,51 @@
 """A parallelization strategy: a mesh, templates on named mesh axes, annotations, options.
 
-An `Annotation` asks that values whose names match a glob take given placements on some
-mesh axes. Text forms (`--annotate`):
-
-- `w0=S(1)` or `layers.*.mlp.up_proj.weight=RS(1)`: one placement per mesh axis;
-- `tokens=dp:S(0)` or `x=dp:S(0),tp:R`: placements on the named axes only.
-
-Templates (`shardlab.templates`) only write annotations; they apply in the order given, then
-user annotations apply, and a later annotation overrides an earlier one on the same
-(value, mesh axis).
+Templates (`shardlab.templates`) only write annotations (`shardlab.annotation`); they apply in
+the order given, then user annotations apply, and a later annotation overrides an earlier one
+on the same (value, mesh axis).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
-from shardlab.errors import MeshError, PlacementError, ShardlabError
+from shardlab.annotation import (
+    Annotation,
+    StrategyError,
+    TemplateUse,
+    match_values,
+    parse_axis_placements,
+)
+from shardlab.autodiff import OPTIMIZERS
 from shardlab.mesh import Mesh
-from shardlab.placement import Placement, parse_placements
+from shardlab.passes.pipeline_schedule import PipelineOptions
+from shardlab.recompute import POLICIES
+from shardlab.templates import resolve_template
 
-
-class StrategyError(ShardlabError):
-    """A strategy is malformed: unknown template, bad annotation text, unknown option."""
-
-    code = "invalid_strategy"
-
-
-@dataclass(frozen=True, slots=True)
-class Annotation:
-    """Placements on some mesh axes for every value whose name matches `pattern`."""
-
-    pattern: str
-    placements: tuple[tuple[str, Placement], ...]
-    source: str = "user"
-
-    @classmethod
-    def parse(cls, text: str, mesh: Mesh, source: str = "user") -> Annotation:
-        """Parse `glob=S(0)R` (every axis) or `glob=dp:S(0),tp:R` (named axes)."""
-        pattern, sep, value = text.rpartition("=")
-        pattern, value = pattern.strip(), value.strip()
-        if not sep or not pattern or not value:
-            raise StrategyError(
-                f"annotation {text!r} is not of the form 'glob=placements'", annotation=text
-            )
-        return cls(pattern, parse_axis_placements(value, mesh, text), source)
-
-    def text(self) -> str:
-        return f"{self.pattern}=" + ",".join(f"{a}:{p}" for a, p in self.placements)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "pattern": self.pattern,
-            "placements": {a: str(p) for a, p in self.placements},
-            "source": self.source,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], mesh: Mesh) -> Annotation:
-        pattern = data.get("pattern")
-        if not isinstance(pattern, str) or not pattern:
-            raise StrategyError(f"annotation {dict(data)!r} lacks a 'pattern'")
-        raw = data.get("placements")
-        if isinstance(raw, str):
-            return cls.parse(f"{pattern}={raw}", mesh, str(data.get("source", "user")))
-        if not isinstance(raw, Mapping) or not raw:
-            raise StrategyError(
-                f"annotation {pattern!r}: 'placements' must be a text form or an object "
-                "mapping mesh axes to placements"
-            )
-        text = ",".join(f"{a}:{p}" for a, p in raw.items())
-        return cls(
-            pattern, parse_axis_placements(text, mesh, pattern), str(data.get("source", "user"))
-        )
-
-
-def parse_axis_placements(
-    value: str, mesh: Mesh, context: str
-) -> tuple[tuple[str, Placement], ...]:
-    """`S(0)R` (one per axis) or `dp:S(0),tp:R` -> ((axis, placement), ...) in mesh order."""
-    if ":" not in value:
-        try:
-            placements = parse_placements(value, mesh)
-        except PlacementError as exc:
-            raise PlacementError(f"annotation {context!r}: {exc.message}", **exc.detail) from None
-        return tuple(zip(mesh.axis_names, placements, strict=True))
-    found: dict[str, Placement] = {}
-    for part in value.split(","):
-        axis, sep, text = part.partition(":")
-        axis = axis.strip()
-        if not sep:
-            raise StrategyError(
-                f"annotation {context!r}: {part!r} is not of the form axis:placement"
-            )
-        try:
-            mesh.axis_index(axis)
-        except MeshError as exc:
-            raise MeshError(f"annotation {context!r}: {exc.message}", axis=axis) from None
-        if axis in found:
-            raise StrategyError(f"annotation {context!r} names mesh axis {axis!r} twice")
-        (placement,) = parse_placements(text.strip(), 1)
-        found[axis] = placement
-    return tuple((a, found[a]) for a in mesh.axis_names if a in found)
-
-
-@lru_cache(maxsize=4096)
-def _glob(pattern: str) -> re.Pattern[str]:
-    return re.compile(fnmatch.translate(pattern))
-
-
-def match_values(pattern: str, names: Collection[str]) -> list[str]:
-    """The names a glob matches (`*` also crosses dots), in the order of `names`; exact names
-    are looked up directly (pass a dict's keys or a set: templates write thousands of them)."""
-    if not any(ch in pattern for ch in "*?["):
-        return [pattern] if pattern in names else []
-    regex = _glob(pattern)
-    return [name for name in names if regex.match(name)]
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateUse:
-    """A template applied on one mesh axis, e.g. `megatron_tp` on `tp`."""
-
-    name: str
-    axis: str
-
-    def __str__(self) -> str:
-        return f"{self.name}:{self.axis}"
+__all__ = [
+    "OPTIONS",
+    "Annotation",
+    "Strategy",
+    "StrategyError",
+    "TemplateUse",
+    "check_options",
+    "match_values",
+    "parse_axis_placements",
+]
 
 
 #: The options a strategy may carry: the optimization passes to run (names and options are
-#: checked by `passes.manager.resolve_passes`), the optimizer and its learning rate.
-OPTIONS = ("passes", "optimizer", "lr")
+#: checked by `passes.manager.resolve_passes`), the optimizer and its learning rate, the
+#: activation recomputation policy (`shardlab.recompute`) and, on a mesh with a `pp` axis,
+#: the pipeline's schedule (`passes.pipeline_schedule.PipelineOptions`).
+OPTIONS = ("passes", "optimizer", "lr", "recompute", "pipeline")
 
 
-def check_options(options: Mapping[str, Any]) -> None:
-    """Raise a `StrategyError` naming the first option that is unknown or out of range."""
-    from shardlab.autodiff import OPTIMIZERS
-
+def check_options(options: Mapping[str, Any], mesh: Mesh | None = None) -> None:
+    """Raise a `StrategyError` naming the first option that is unknown or out of range (the
+    pipeline options too, given the mesh: they need its `pp` axis)."""
     for key in options:
         if key not in OPTIONS:
             raise StrategyError(
@@ -153,6 +57,19 @@ def check_options(options: Mapping[str, Any]) -> None:
             f"option 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}",
             option="optimizer",
         )
+    recompute = options.get("recompute", "none")
+    if recompute not in POLICIES:
+        raise StrategyError(
+            f"option 'recompute' must be one of {', '.join(POLICIES)}, got {recompute!r}",
+            option="recompute",
+        )
+    if "pipeline" in options and mesh is not None:
+        if "pp" not in mesh.axis_names:
+            raise StrategyError(
+                f"option 'pipeline' applies to a mesh with a 'pp' axis; mesh {mesh} has none",
+                option="pipeline",
+            )
+        PipelineOptions.from_options(options, mesh.axis_size("pp"))
     lr = options.get("lr", 1e-3)
     if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < float("inf"):
         raise StrategyError(
@@ -178,13 +95,16 @@ class Strategy:
         options: Mapping[str, Any] | None = None,
     ) -> Strategy:
         """From CLI-style text: `--mesh dp=2,tp=4 --template dp --annotate 'w=S(0)R'`."""
-        from shardlab.templates import resolve_template
-
         mesh = Mesh.parse(mesh) if isinstance(mesh, str) else mesh
         uses = tuple(resolve_template(t, mesh) for t in templates)
         anns = tuple(Annotation.parse(a, mesh) for a in annotations)
-        check_options(options or {})
+        check_options(options or {}, mesh)
         return cls(mesh, uses, anns, dict(options or {}))
+
+    @property
+    def recompute(self) -> str:
+        """The activation recomputation policy: none, selective or full."""
+        return str(self.options.get("recompute", "none"))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -196,8 +116,7 @@ class Strategy:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Strategy:
-        from shardlab.templates import resolve_template
-
+        """The strategy `to_json` wrote (errors name the bad template, annotation or option)."""
         if not isinstance(data, Mapping) or "mesh" not in data:
             raise StrategyError("a strategy must be an object with a 'mesh'")
         raw_mesh = data["mesh"]
@@ -214,7 +133,7 @@ class Strategy:
         options = data.get("options", {})
         if not isinstance(options, Mapping):
             raise StrategyError("strategy 'options' must be an object")
-        check_options(options)
+        check_options(options, mesh)
         return cls(mesh, tuple(uses), tuple(anns), dict(options))
 
     def describe(self) -> str:

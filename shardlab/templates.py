@@ -4,13 +4,23 @@
 - `megatron_tp`: column-parallel q/k/v and gate/up projections (weights `S(1)`, biases
   `S(0)`), row-parallel o and down projections (weights `S(0)`), vocab-parallel embedding
   (`S(0)`) and lm_head (`S(1)`), and a replicated residual stream, so each block's
-  row-parallel partial sums are all-reduced as in Megatron-LM.
+  row-parallel partial sums are all-reduced as in Megatron-LM: 2 all-reduces of the
+  activation per layer in forward, 2 in backward. Attention is sharded by heads; with fewer
+  kv heads than the axis has ranks (grouped-query attention) the k and v projections stay
+  replicated and each rank's query heads read them (the plan notes it). The weights are
+  pinned: no rule ever gathers them.
 - `sequence_parallel`: shard the residual stream and the norm outputs on the sequence dim
   (`S(1)`), so partial sums are reduce-scattered and the norm output is all-gathered right
   before the next column-parallel projection, keeping only its sequence shard for backward
-  (Megatron-LM sequence parallelism: 32sbh/t activation bytes per layer without dropout);
-  compose after `megatron_tp`.
-- `fsdp`: shard every parameter on the axis along its first dim that divides evenly.
+  (Megatron-LM sequence parallelism: every all-reduce becomes an all-gather and a
+  reduce-scatter, the backward gathers the norm output again for the weight gradients, and
+  activations take sbh(34/t + 5as/(ht)) bytes per layer); compose after `megatron_tp`.
+  Both templates lay out the dropouts before the residual adds
+  (`layers.*.{attn,mlp}.dropout.out`, models with dropout) as the residual stream.
+- `fsdp` (= `zero3`): shard every parameter on the axis along its first dim that divides
+  evenly; parameters are gathered right before each use, in the forward and again in the
+  backward (their annotations do not pin them), and their gradients are sharded the same
+  way, so each is reduce-scattered right after it is made (on a training graph).
 - `zero1`: shard the optimizer state (moments, float32 master weights) the same way: the
   optimizer updates its shard and the new parameters are all-gathered (ZeRO stage 1).
 - `zero2`: `zero1` plus the gradients the optimizer reads: they are reduce-scattered
@@ -26,11 +36,15 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from shardlab.annotation import Annotation, StrategyError, TemplateUse, match_values
 from shardlab.ir import Graph, OpRole, ValueKind
 from shardlab.mesh import Mesh
 from shardlab.placement import Placement, Replicate, Shard
-from shardlab.strategy import Annotation, StrategyError, TemplateUse, match_values
 
+#: The dropouts before each residual add (models with dropout): in Megatron-LM they run in
+#: the residual stream's region (replicated with tensor parallelism, sequence-sharded with
+#: sequence parallelism), so their masks are laid out as the residual stream is.
+HIDDEN_DROPOUT = ("layers.*.attn.dropout.out", "layers.*.mlp.dropout.out")
 #: (value name, mesh axis) -> placement written so far, for templates that must compose.
 Prior = Mapping[tuple[str, str], Placement]
 TemplateFn = Callable[[Graph, Mesh, str, Prior], list[Annotation]]
@@ -46,8 +60,11 @@ class Template:
     fn: TemplateFn
 
 
-def _ann(pattern: str, axis: str, placement: Placement, template: str) -> Annotation:
-    return Annotation(pattern, ((axis, placement),), f"template:{template}")
+def _ann(
+    pattern: str, axis: str, placement: Placement, template: str, *, pin: bool = True,
+    note: str = "",
+) -> Annotation:  # fmt: skip
+    return Annotation(pattern, ((axis, placement),), f"template:{template}", pin, note)
 
 
 def dp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
@@ -58,15 +75,45 @@ def dp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
     ]
 
 
-RESIDUAL = ("embed", "pos_embed.add", "layers.*.attn_residual", "layers.*.mlp_residual")
+RESIDUAL = ("embed", "pos_embed.add", "layers.*.attn_residual", "layers.*.mlp_residual",
+            *HIDDEN_DROPOUT)  # fmt: skip
 NORM_OUTPUTS = ("layers.*.attn_norm", "layers.*.mlp_norm", "final_norm")
 COLUMN = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW = ("attn.o_proj", "mlp.down_proj")
 
 
+#: The reshape that splits each attention projection into heads: [batch, seq, heads, dim].
+HEAD_SPLITS = {"q": "layers.*.attn.q_heads", "k": "layers.*.attn.k_heads"}
+
+
+def _heads(graph: Graph, part: str) -> int | None:
+    """The head count of attention projection `part` ("q" or "k"), if the graph has one."""
+    names = match_values(HEAD_SPLITS[part], graph.values.keys())
+    return graph.type_of(names[0]).shape[2] if names else None
+
+
 def megatron_tp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+    size = mesh.axis_size(axis)
+    heads, kv_heads = _heads(graph, "q"), _heads(graph, "k")
+    if heads is not None and heads % size:
+        raise StrategyError(
+            f"template megatron_tp: the {heads} attention heads do not divide over the "
+            f"{size} ranks of mesh axis {axis!r}; use a tensor-parallel size that divides them",
+            template="megatron_tp",
+            axis=axis,
+        )
+    replicate_kv = kv_heads is not None and kv_heads % size != 0
+    note = (
+        f"{kv_heads} kv heads do not divide over the {size} ranks of mesh axis {axis!r}: the "
+        "k and v projections stay replicated and each rank's query heads read them"
+    )
     out = []
     for module in COLUMN:
+        if replicate_kv and module in ("attn.k_proj", "attn.v_proj"):
+            for param in ("weight", "bias"):
+                pattern = f"layers.*.{module}.{param}"
+                out.append(_ann(pattern, axis, Replicate(), "megatron_tp", note=note))
+            continue
         out.append(_ann(f"layers.*.{module}.weight", axis, Shard(1), "megatron_tp"))
         out.append(_ann(f"layers.*.{module}.bias", axis, Shard(0), "megatron_tp"))
     for module in ROW:
@@ -84,8 +131,9 @@ def sequence_parallel(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list
 
 
 def _shard_first_divisible(
-    graph: Graph, mesh: Mesh, axis: str, prior: Prior, names: list[str], template: str
-) -> list[Annotation]:
+    graph: Graph, mesh: Mesh, axis: str, prior: Prior, names: list[str], template: str,
+    *, pin: bool = True,
+) -> list[Annotation]:  # fmt: skip
     """Shard each value on `axis` along its first dim that still divides evenly (after the
     other axes that already shard that dim)."""
     out = []
@@ -98,7 +146,7 @@ def _shard_first_divisible(
                 if a != axis and prior.get((name, a)) == Shard(dim)
             )
             if extent % (already * size) == 0:
-                out.append(_ann(name, axis, Shard(dim), template))
+                out.append(_ann(name, axis, Shard(dim), template, pin=pin))
                 break
     return out
 
@@ -112,9 +160,22 @@ def _optimizer_grads(graph: Graph) -> list[str]:
     return [op.inputs[1] for op in graph.ops if op.role == OpRole.OPTIMIZER]
 
 
-def fsdp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+def _fully_sharded(
+    graph: Graph, mesh: Mesh, axis: str, prior: Prior, name: str
+) -> list[Annotation]:
+    """Parameters sharded but gathered before use (not pinned), gradients reduce-scattered
+    right after they are made; the optimizer state follows its parameter."""
     params = _sources(graph, ValueKind.PARAM)
-    return _shard_first_divisible(graph, mesh, axis, prior, params, "fsdp")
+    out = _shard_first_divisible(graph, mesh, axis, prior, params, name, pin=False)
+    return out + _shard_first_divisible(graph, mesh, axis, prior, _optimizer_grads(graph), name)
+
+
+def fsdp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+    return _fully_sharded(graph, mesh, axis, prior, "fsdp")
+
+
+def zero3(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+    return _fully_sharded(graph, mesh, axis, prior, "zero3")
 
 
 def zero1(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
@@ -136,6 +197,7 @@ TEMPLATES: dict[str, Template] = {
         Template("fsdp", "dp", "fully sharded data parallel: shard parameters", fsdp),
         Template("zero1", "dp", "ZeRO-1: shard optimizer state and master weights", zero1),
         Template("zero2", "dp", "ZeRO-2: ZeRO-1 plus the gradients", zero2),
+        Template("zero3", "dp", "ZeRO-3: shard parameters too, gathered before use", zero3),
     ]
 }
 

@@ -42,8 +42,11 @@ NON_DIFFERENTIABLE: dict[str, str] = {
             "attention_grad",
             "cross_entropy_grad",
             "embedding_grad",
+            "dropout_grad",
+            "masked_softmax_grad",
         )
     },
+    "main_grad": "a gradient cast that autodiff inserts before the optimizer",
     "sgd": "an optimizer step",
     "adamw": "an optimizer step",
     **{k: "a buffer layout op that passes insert after autodiff" for k in ("pack", "unpack")},
@@ -215,6 +218,21 @@ def _softmax(
         return [ctx.one("mul", [y, ctx.one("sub", [dy, dot])])]
     total = ctx.one("sum", [dy], red)  # dy - exp(y) * sum(dy)
     return [ctx.one("sub", [dy, ctx.one("mul", [ctx.one("exp", [y]), total])])]
+
+
+@_vjp("masked_softmax")
+def _masked_softmax(
+    ctx: BackwardContext, op: Op, dys: Sequence[str | None], needs: Sequence[bool]
+) -> Grads:
+    attrs = {"scale": op.attrs.get("scale", 1.0)}  # the output alone: scores are not kept
+    return [ctx.one("masked_softmax_grad", [op.outputs[0], _dy(dys)], attrs)]
+
+
+@_vjp("dropout")
+def _dropout(
+    ctx: BackwardContext, op: Op, dys: Sequence[str | None], needs: Sequence[bool]
+) -> Grads:
+    return [ctx.one("dropout_grad", [_dy(dys), op.outputs[1]], {"p": op.attrs["p"]})]
 
 
 @_vjp("reshape")

@@ -146,6 +146,8 @@ def _stage_head(stage: PlanStage) -> dict[str, Any]:
     return {
         "name": stage.name,
         "message": summary.get("message", ""),
+        "declined": bool(summary.get("declined", False)),
+        "declined_reason": summary.get("declined_reason"),
         "ops": len(stage.program.ops),
         "collectives": stage_collectives(stage.program),
     }
@@ -200,7 +202,7 @@ def timeline_json(stage: PlanStage, cost: PlanCost) -> dict[str, Any]:
 
 def timelines_json(plan: Plan) -> dict[str, Any]:
     """The simulated step after lowering and after each pass (a costed plan's stages)."""
-    stages = [timeline_json(s, s.cost) for s in plan.stages if s.cost is not None]
+    stages = [timeline_json(s, s.cost) for s in plan.stages if isinstance(s.cost, PlanCost)]
     return {"format": TIMELINES_FORMAT, "stages": stages}
 
 
@@ -212,7 +214,7 @@ def memory_json(plan: Plan) -> dict[str, Any]:
     stages = []
     for stage in plan.stages:
         cost = stage.cost
-        if cost is None:
+        if not isinstance(cost, PlanCost):  # not costed, or pipelined (see summary["pipeline"])
             continue
         profile = cost.memory
         data = profile.to_json()

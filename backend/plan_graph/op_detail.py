@@ -17,7 +17,9 @@ def value_shapes(plan: dict[str, Any]) -> dict[str, tuple[list[int], str]]:
     `plan` artifact (the model as given, the optimizer): the program artifact has none."""
     model = graph_from_json(plan["model"])
     optimizer = str(plan.get("optimizer") or "adamw")
-    training = training_graph(model, optimizer=optimizer, lr=float(plan.get("lr") or 1e-3))
+    recompute = str(plan.get("strategy", {}).get("options", {}).get("recompute", "none"))
+    lr = float(plan.get("lr") or 1e-3)
+    training = training_graph(model, optimizer=optimizer, lr=lr, recompute=recompute)
     return {name: (list(v.type.shape), v.type.dtype) for name, v in training.values.items()}
 
 

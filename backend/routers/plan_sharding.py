@@ -90,6 +90,7 @@ def _build_table(plan_data: dict[str, Any], placements: dict[str, Any]) -> Value
         graph_from_json(plan_data["model"]),
         optimizer=str(plan_data["optimizer"]),
         lr=float(plan_data.get("lr", 1e-3)),
+        recompute=str(plan_data["strategy"].get("options", {}).get("recompute", "none")),
     )
     values = {}
     for name, entry in placements["values"].items():

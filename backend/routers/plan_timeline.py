@@ -117,13 +117,16 @@ def _cost_figures(stage: dict[str, Any]) -> dict[str, Any]:
 def list_stages(
     plan_id: PathId, session: SessionDep, principal: PrincipalDep
 ) -> list[dict[str, Any]]:
-    """The program after lowering and after each pass, in order: what the pass did, its ops,
-    and the simulated step's time, exposed communication, MFU and peak memory."""
+    """The program after lowering and after each pass, in order: what the pass did (or, for
+    a pass the cost guard declined, why not: `declined`, `declined_reason`), its ops, and the
+    simulated step's time, exposed communication, MFU and peak memory."""
     _, data = _costed(session, principal.team_id, plan_id, "timelines")
     return [
         {
             "name": s["name"],
             "message": s["message"],
+            "declined": bool(s.get("declined", False)),
+            "declined_reason": s.get("declined_reason"),
             "ops": s["ops"],
             **_cost_figures(s),
             "collectives": s["collectives"],

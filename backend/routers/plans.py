@@ -27,8 +27,7 @@ from backend.routers.strategies import engine_strategy
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, PlanCreate, PlanOut
 from shardlab.autodiff import training_graph
-from shardlab.cost.clusters import cluster_from_dict
-from shardlab.errors import ClusterError
+from shardlab.cost.clusters import check_mesh_fits, cluster_from_dict
 from shardlab.graph_json import graph_from_json
 from shardlab.spmd.complete import resolve_annotations
 
@@ -122,17 +121,12 @@ def check_plan(model: Model, row: Strategy, spec: dict[str, Any] | None) -> None
     mesh = strategy.mesh
     if spec is not None:
         cluster = cluster_from_dict(spec)
-        if mesh.size > cluster.world_size:
-            raise ClusterError(
-                f"mesh {mesh} has {mesh.size} devices but cluster {cluster.name!r} has "
-                f"{cluster.world_size}",
-                mesh=str(mesh),
-                cluster=cluster.name,
-            )
+        check_mesh_fits(mesh, cluster)
     graph = graph_from_json(blobs.unpack(model.graph_blob))
     options = strategy.options  # checked by `Strategy.build`
     optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
-    resolve_annotations(training_graph(graph, optimizer=optimizer, lr=lr), strategy)
+    training = training_graph(graph, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
+    resolve_annotations(training, strategy)
 
 
 @router.post("", status_code=202, response_model=Created, responses=errors(401, 404, 422))

@@ -24,10 +24,12 @@ function stagesTable(stages) {
       h("th", { class: "num" }, "Ops"), h("th", { class: "num" }, "Step time"),
       h("th", { class: "num" }, "Δ vs previous"), h("th", { class: "num" }, "Exposed comm"),
       h("th", { class: "num" }, "MFU"), h("th", { class: "num" }, "Peak memory"))),
-    h("tbody", {}, stages.map((s, i) => h("tr", { dataset: { stage: s.name } },
+    h("tbody", {}, stages.map((s, i) => h("tr",
+      { dataset: { stage: s.name, declined: String(Boolean(s.declined)) } },
       h("td", { class: "num" }, String(i)),
       h("td", {}, h("code", {}, s.name)),
-      h("td", {}, s.message),
+      h("td", {}, s.declined
+        ? h("span", { class: "delta-worse", title: s.declined_reason }, s.message) : s.message),
       h("td", { class: "num" }, fmtInt(s.ops)),
       h("td", { class: "num" }, fmtTime(s.step_time_s)),
       h("td", { class: "num" }, i === 0 ? h("span", { class: "muted" }, "–")
@@ -135,7 +137,8 @@ export async function render(root, ctx) {
     "aria-label": "per-layer change in time, negative is faster" });
   body.replaceChildren(
     h("section", { class: "card" }, h("h2", {}, "The program after each pass"),
-      h("p", { class: "muted" }, "Step time as simulated on the plan's cluster; Δ against the stage above."),
+      h("p", { class: "muted" }, "Step time as simulated on the plan's cluster; Δ against the stage above. "
+        + "A pass that would make the step slower is declined: its stage keeps the program above."),
       stagesTable(stages)),
     h("section", { class: "card" },
       h("h2", {}, "Before and after"),

@@ -35,6 +35,14 @@ TemplateOption = Annotated[
         "sequence_parallel, fsdp, or e.g. dp:x (repeatable, applied in order).",
     ),
 ]
+RecomputeOption = Annotated[
+    str,
+    typer.Option(
+        "--recompute",
+        help="Activation recomputation: none, selective (the attention core) or full "
+        "(every layer keeps only its input).",
+    ),
+]
 AnnotateOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -55,9 +63,14 @@ def load_model(model: str, overrides: list[str] | None = None) -> Graph:
 
 
 def build_strategy(
-    mesh: str, templates: list[str] | None, annotations: list[str] | None
+    mesh: str,
+    templates: list[str] | None,
+    annotations: list[str] | None,
+    recompute: str = "none",
 ) -> Strategy:
-    return Strategy.build(mesh, templates or [], annotations or [])
+    """The strategy of the command line (`--recompute` is a strategy option)."""
+    options = {"recompute": recompute} if recompute != "none" else {}
+    return Strategy.build(mesh, templates or [], annotations or [], options)
 
 
 def fail(exc: ShardlabError) -> NoReturn:

@@ -3,8 +3,10 @@
 The pipeline is built from the graph of ONE micro-batch, so the model must be a preset (it is
 rebuilt with `batch / microbatches`). The data-parallel passes run on every stage program
 (as configured with --pass/--no-pass), then the send/wait pass (seed 001) unless turned off
-with `--no-pass pipeline_send_wait`; with a cluster, the step time is predicted before and
-after it.
+with `--no-pass pipeline_send_wait`; with a cluster, the step time is predicted after every
+pass, and every pass (send/wait included) runs under the cost guard (`passes.guard`): one
+that would make the pipeline's step slower is declined, and says so. Each step is costed
+once (with a wait after each forward send, the send/wait pass's baseline).
 """
 
 from __future__ import annotations
@@ -13,14 +15,20 @@ from typing import Any
 
 from shardlab.autodiff import training_graph
 from shardlab.cost.clusters import load_cluster
-from shardlab.cost.pipeline_cost import cost_pipeline
+from shardlab.cost.pipeline_cost import PipelineCost, cost_pipeline
 from shardlab.errors import PresetError
 from shardlab.ir import Graph
 from shardlab.models import PRESETS, build_model
-from shardlab.passes.pipeline import build_pipeline
-from shardlab.passes.pipeline_passes import stage_pass_steps
+from shardlab.passes.guard import guard_pass, tuning_text
+from shardlab.passes.pipeline import PipelineProgram, build_pipeline
+from shardlab.passes.pipeline_passes import (
+    guarded_stage_pass_steps,
+    same_pipeline,
+    stage_pass_steps,
+)
 from shardlab.passes.send_wait import pipeline_send_wait, with_send_waits
 from shardlab.strategy import Strategy
+from shardlab.summary import human
 
 SEND_WAIT = "pipeline_send_wait"
 
@@ -61,8 +69,10 @@ def pipeline_summary(
         schedule=schedule,
         virtual_stages=virtual_stages,
     )
-    training = training_graph(micro)
+    training = training_graph(micro, recompute=strategy.recompute)
     config = {k: v for k, v in (strategy.options.get("passes") or {}).items() if k != SEND_WAIT}
+    if cluster is not None:
+        return _costed_summary(micro, strategy, pipeline, training, config, send_wait, cluster)
     built = {"pass": "lowered", "message": "as built (a wait after each forward send)"}
     steps = [(pipeline, built), *stage_pass_steps(pipeline, training, config)]
     steps = [(with_send_waits(program), summary) for program, summary in steps]
@@ -70,22 +80,69 @@ def pipeline_summary(
     final, changes = pipeline_send_wait(baseline) if send_wait else (baseline, None)
     passes = [{"name": s["pass"], "message": s["message"]} for _, s in steps]
     if changes is not None:
-        steps.append((final, {"pass": SEND_WAIT, **changes.to_json()}))
         passes.append({"name": SEND_WAIT, **changes.to_json()})
-    out: dict[str, Any] = {
+    return _head(micro, strategy, final, passes)
+
+
+def _head(
+    micro: Graph, strategy: Strategy, final: PipelineProgram, passes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
         "model": micro.name,
         "mesh": str(strategy.mesh),
         "strategy": strategy.describe(),
         "pipeline": final.summary(),
         "passes": passes,
     }
-    if cluster is not None:
-        c = load_cluster(cluster)
-        for entry, (program, _) in zip(passes, steps, strict=True):
-            entry["step_time_s"] = cost_pipeline(program, training, c).step_time
-        out["cost"] = cost_pipeline(final, training, c).summary()
-        out["cost_before_send_wait"] = cost_pipeline(baseline, training, c).summary()
+
+
+def _costed_summary(
+    micro: Graph,
+    strategy: Strategy,
+    pipeline: PipelineProgram,
+    training: Graph,
+    config: dict[str, Any],
+    send_wait: bool,
+    cluster: str,
+) -> dict[str, Any]:
+    """`pipeline_summary` with a cluster: every pass under the cost guard, each step costed
+    once (the data-parallel passes' steps with their send waits, as the send/wait baseline)."""
+    c = load_cluster(cluster)
+
+    def with_waits(p: PipelineProgram) -> PipelineCost:
+        return cost_pipeline(with_send_waits(p), training, c)
+
+    built_cost = with_waits(pipeline)
+    steps = guarded_stage_pass_steps(pipeline, training, config, with_waits, built_cost)
+    built = {"pass": "lowered", "message": "as built (a wait after each forward send)"}
+    passes = [
+        {"name": s["pass"], **_guard_fields(s), "message": s["message"], "step_time_s": k.step_time}
+        for _, s, k in [(pipeline, built, built_cost), *steps]
+    ]
+    last, base_cost = (steps[-1][0], steps[-1][2]) if steps else (pipeline, built_cost)
+    baseline = with_send_waits(last)
+    final, final_cost = baseline, base_cost
+    if send_wait:
+
+        def apply(p: PipelineProgram, _: Any) -> tuple[PipelineProgram, dict[str, Any]]:
+            optimized, changes = pipeline_send_wait(p)
+            return optimized, changes.to_json()
+
+        def plain(p: PipelineProgram) -> PipelineCost:
+            return cost_pipeline(p, training, c)
+
+        kept = guard_pass([{}], 0, baseline, base_cost, apply, plain, same_pipeline)
+        final, final_cost = kept.program, kept.cost
+        passes.append({"name": SEND_WAIT, **kept.summary, "step_time_s": final_cost.step_time})
+    out = _head(micro, strategy, final, passes)
+    out["cost"] = final_cost.summary()
+    out["cost_before_send_wait"] = base_cost.summary()
     return out
+
+
+def _guard_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("declined", "declined_reason", "step_before_s", "step_after_s", "tuning")
+    return {k: summary[k] for k in keys if k in summary}
 
 
 def pipeline_text(s: dict[str, Any]) -> str:
@@ -103,6 +160,8 @@ def pipeline_text(s: dict[str, Any]) -> str:
     for change in s["passes"]:
         step = f" -> step {change['step_time_s'] * 1e3:.1f} ms" if "step_time_s" in change else ""
         lines.append(f"pass {change['name']}: {change['message']}{step}")
+        if "tuning" in change:
+            lines.append(f"    tried {tuning_text(change['tuning'])}")
     if "cost" in s:
         before, after = s["cost_before_send_wait"], s["cost"]
         gain = before["step_time_s"] / after["step_time_s"] - 1
@@ -113,3 +172,48 @@ def pipeline_text(s: dict[str, Any]) -> str:
             f"bubble {after['bubble_fraction']:.1%}"
         )
     return "\n".join(lines)
+
+
+def pipelined_plan_lines(p: dict[str, Any]) -> list[str]:
+    """The `pipeline` part of a plan's summary (slots of the schedule) as text lines."""
+    lines = [
+        f"pipeline: {p['schedule']}, {p['pp']} stages, {p['microbatches']} micro-batches"
+        + (f", {p['virtual_stages']} chunks per stage" if p["virtual_stages"] > 1 else "")
+        + f", layers {p['balance']}-balanced"
+    ]
+    if "step_time_s" in p:
+        lines.append(
+            f"  on {p['cluster']}: step {p['step_time_s'] * 1e3:.1f} ms, MFU {p['mfu']:.1%} "
+            f"(HFU {p['hfu']:.1%}), {p['tokens_per_s']:,.0f} tokens/s; bubble "
+            f"{p['bubble_fraction']:.1%} (formula (p-1)/(vm+p-1): {p['bubble_formula']:.1%})"
+        )
+    for st in p["stages"]:
+        line = f"  stage {st['stage']}: layers {_ranges(st['layers'])}"
+        memory = st.get("memory")
+        if memory is not None:
+            fwd = "+".join(f"{t * 1e3:.1f}" for t in st["forward_s"])
+            bwd = "+".join(f"{t * 1e3:.1f}" for t in st["backward_s"])
+            states = sum(memory["model_state_bytes"].values())
+            line += (
+                f"; F {fwd} ms, B {bwd} ms, tail {st['tail_s'] * 1e3:.1f} ms; memory "
+                f"{human(memory['peak_bytes'], 'B')} = states {human(states, 'B')} + "
+                f"activations {human(memory['activations_bytes'], 'B')} "
+                f"({'+'.join(str(n) for n in memory['in_flight'])} micro-batches in flight) + "
+                f"temporaries {human(memory['temporaries_bytes'], 'B')}"
+                + ("" if memory["fits"] else "  DOES NOT FIT")
+            )
+        lines.append(line)
+    return lines
+
+
+def _ranges(layers: list[int]) -> str:
+    """`[0, 1, 2, 5]` -> `0-2, 5`."""
+    parts: list[str] = []
+    for layer in layers:
+        if parts and "-" not in parts[-1] and int(parts[-1]) == layer - 1:
+            parts[-1] = f"{parts[-1]}-{layer}"
+        elif parts and "-" in parts[-1] and int(parts[-1].split("-")[1]) == layer - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{layer}"
+        else:
+            parts.append(str(layer))
+    return ", ".join(parts)

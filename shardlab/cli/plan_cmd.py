@@ -13,6 +13,7 @@ from shardlab.cli.common import (
     AnnotateOption,
     JsonFlag,
     MeshOption,
+    RecomputeOption,
     SetOption,
     TemplateOption,
     app,
@@ -20,9 +21,16 @@ from shardlab.cli.common import (
     fail,
     load_model,
 )
-from shardlab.cli.pipeline_view import micro_model, pipeline_summary, pipeline_text
+from shardlab.cli.pipeline_view import (
+    micro_model,
+    pipeline_summary,
+    pipeline_text,
+    pipelined_plan_lines,
+)
 from shardlab.errors import ShardlabError
 from shardlab.models.config import parse_overrides
+from shardlab.passes.guard import tuning_text
+from shardlab.strategy import Strategy
 from shardlab.summary import human
 
 
@@ -33,6 +41,7 @@ def plan_cmd(
     template: TemplateOption = None,
     annotate: AnnotateOption = None,
     set_: SetOption = None,
+    recompute: RecomputeOption = "none",
     optimizer: Annotated[str, typer.Option(help="adamw or sgd.")] = "adamw",
     cluster: Annotated[
         str | None,
@@ -56,16 +65,34 @@ def plan_cmd(
         ),
     ] = None,
     bucket_mb: Annotated[
-        float | None, typer.Option(help="Gradient all-reduce bucket size in MiB (default 25).")
+        float | None,
+        typer.Option(
+            help="Gradient all-reduce bucket size in MiB (default: chosen by cost with "
+            "--cluster, else 25)."
+        ),
     ] = None,
     schedule: Annotated[
         str,
         typer.Option(help="Pipeline schedule on a mesh with a pp axis: gpipe, 1f1b, interleaved."),
     ] = "1f1b",
-    microbatches: Annotated[int, typer.Option(help="Pipeline micro-batches.")] = 4,
+    microbatches: Annotated[
+        int | None, typer.Option(help="Pipeline micro-batches (default: one per stage).")
+    ] = None,
     virtual_stages: Annotated[
         int | None, typer.Option(help="Model chunks per pipeline rank (interleaved).")
     ] = None,
+    balance: Annotated[
+        str,
+        typer.Option(help="Layers per pipeline stage: flops (balanced) or even (Megatron-LM)."),
+    ] = "flops",
+    detailed_pipeline: Annotated[
+        bool,
+        typer.Option(
+            "--detailed-pipeline",
+            help="Build every micro-batch's program per stage (send/wait pass, per-stage "
+            "dp passes) instead of costing the schedule's slots from each stage's units.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Training graph, placements and the per-rank program after the optimization passes;
@@ -78,17 +105,27 @@ def plan_cmd(
         if trace is not None and cluster is None:
             raise ShardlabError("--trace needs --cluster: the timeline comes from the cost model")
         graph = load_model(model, set_)
-        strategy = build_strategy(mesh, template, annotate)
+        strategy = build_strategy(mesh, template, annotate, recompute)
+
         options = {"passes": pass_settings(pass_ or [], no_pass or [], bucket_mb)}
         strategy = dataclasses.replace(strategy, options={**strategy.options, **options})
-        if "pp" in strategy.mesh.axis_names:
+        if "pp" in strategy.mesh.axis_names and not detailed_pipeline:
+            settings: dict[str, str | int] = {"schedule": schedule, "balance": balance}
+            settings.update({"microbatches": microbatches} if microbatches else {})
+            settings.update({"virtual_stages": virtual_stages} if virtual_stages else {})
+            passes = {k: v for k, v in options["passes"].items() if k != "pipeline_send_wait"}
+            strategy = Strategy.build(
+                mesh, template or [], annotate or [],
+                {**strategy.options, "passes": passes, "pipeline": settings},
+            )  # fmt: skip
+        elif "pp" in strategy.mesh.axis_names:
             if output is not None or trace is not None:
                 raise ShardlabError("-o and --trace are not available for pipelines yet")
-            micro = micro_model(model, parse_overrides(set_ or []), graph, microbatches)
+            micro = micro_model(model, parse_overrides(set_ or []), graph, microbatches or 4)
             summary = pipeline_summary(
                 micro,
                 strategy,
-                microbatches=microbatches,
+                microbatches=microbatches or 4,
                 schedule=schedule,
                 virtual_stages=virtual_stages,
                 send_wait=options["passes"].get("pipeline_send_wait") is not False,
@@ -99,6 +136,8 @@ def plan_cmd(
         plan = build_plan(graph, strategy, optimizer=optimizer, cluster=cluster)
     except ShardlabError as exc:
         fail(exc)
+    if trace is not None and plan.cost is None:
+        fail(ShardlabError("--trace is not available for a pipelined plan yet"))
     if trace is not None and plan.cost is not None:
         write_chrome_trace(trace, plan.cost.timeline, plan.program)
     if output is not None:
@@ -158,11 +197,19 @@ def _text(s: dict[str, Any]) -> str:
     for p in s.get("passes", []):
         step = f", step {p['step_time_s'] * 1e3:.1f} ms" if "step_time_s" in p else ""
         lines.append(f"pass {p['name']}: {p.get('message', '')}{step}")
+        if p.get("tuning"):
+            lines.append(f"    tried {tuning_text(p['tuning'])}")
+    declined = [p["name"] for p in s.get("passes", []) if p.get("declined")]
+    if declined:
+        lines.append(
+            f"declined by the cost guard (each would make the step slower): {', '.join(declined)}"
+        )
     cost = s.get("cost")
     if cost:
         lines += [
             f"on {cost['cluster']}: step {cost['step_time_s'] * 1e3:.1f} ms, MFU "
-            f"{cost['mfu']:.1%}, {cost['tokens_per_s']:,.0f} tokens/s; compute "
+            f"{cost['mfu']:.1%} (HFU {cost['hfu']:.1%}), {cost['tokens_per_s']:,.0f} tokens/s; "
+            "compute "
             f"{cost['compute_s'] * 1e3:.1f} ms, comm {cost['comm_s'] * 1e3:.1f} ms "
             f"({cost['exposed_comm_s'] * 1e3:.1f} ms exposed)",
             f"memory per rank: peak {human(cost['peak_memory_bytes'], 'B')} of "
@@ -173,6 +220,8 @@ def _text(s: dict[str, Any]) -> str:
                 f"{k} {human(v, 'B')}" for k, v in cost["memory_breakdown_at_peak"].items() if v
             ),
         ]
+    if "pipeline" in s:
+        lines += pipelined_plan_lines(s["pipeline"])
     fallbacks = s["fallback_ops"]
     lines.append(
         f"fallback ops: {len(fallbacks)}" + (f" ({', '.join(fallbacks[:5])})" if fallbacks else "")

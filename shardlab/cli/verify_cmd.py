@@ -12,6 +12,7 @@ from shardlab.cli.common import (
     AnnotateOption,
     JsonFlag,
     MeshOption,
+    RecomputeOption,
     SetOption,
     TemplateOption,
     app,
@@ -29,6 +30,7 @@ def verify_cmd(
     template: TemplateOption = None,
     annotate: AnnotateOption = None,
     set_: SetOption = None,
+    recompute: RecomputeOption = "none",
     dtype: Annotated[str, typer.Option(help="Compute dtype: float64 or float32.")] = "float64",
     optimizer: Annotated[str, typer.Option(help="adamw or sgd.")] = "adamw",
     seed: Annotated[int, typer.Option(help="Seed of the inputs and parameters.")] = 0,
@@ -42,7 +44,7 @@ def verify_cmd(
 
     try:
         graph = load_model(model, set_)
-        strategy = build_strategy(mesh, template, annotate)
+        strategy = build_strategy(mesh, template, annotate, recompute)
         report = verify(
             graph, strategy, optimizer=optimizer, compute_dtype=dtype, seed=seed, backend=backend
         )

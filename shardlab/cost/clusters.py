@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.errors import ClusterError
+from shardlab.mesh import Mesh
 
 #: dtype names `peak_flops` may use (`tfloat32`: float32 matmuls on TF32 tensor cores).
 KNOWN_DTYPES = ("float64", "float32", "tfloat32", "bfloat16", "float16")
@@ -349,3 +350,14 @@ def _load_preset(name: str) -> Cluster:
             devices_per_node=per_node,
         )
     return dataclasses.replace(node, name=name, nodes=nodes, devices_per_node=per_node)
+
+
+def check_mesh_fits(mesh: Mesh, cluster: Cluster) -> None:
+    """A ClusterError naming both when the mesh needs more devices than the cluster has."""
+    if mesh.size > cluster.world_size:
+        raise ClusterError(
+            f"mesh {mesh} has {mesh.size} devices but cluster {cluster.name!r} has "
+            f"{cluster.world_size}",
+            mesh=str(mesh),
+            cluster=cluster.name,
+        )

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shardlab.errors import ClusterError, ShardlabError
-from shardlab.ir import Graph, TensorType
+from shardlab.ir import Graph, Op, OpRole, TensorType
 from shardlab.ops import get_op
 from shardlab.placement import local_shape
 from shardlab.program import DistProgram
@@ -101,6 +101,28 @@ def training_flops(graph: Graph) -> int:
     training graph (the same catalog counts `Graph.flops` uses for a forward graph). Hardware
     FLOPs: attention_grad includes the flash-attention recomputation of the scores."""
     return graph.flops()
+
+
+def _op_flops(graph: Graph, op: Op) -> int:
+    ins = [graph.type_of(v) for v in op.inputs]
+    outs = [graph.type_of(v) for v in op.outputs]
+    return op_flops(op.kind, ins, outs, op.attrs)
+
+
+def model_flops(graph: Graph) -> int:
+    """Model FLOPs of one training step: three times the forward's (forward and loss ops),
+    the convention of MFU in PaLM and Megatron-LM (the backward does twice the forward's
+    work). Recomputation, the backward kernels' own recomputation (flash attention) and the
+    optimizer step are not model FLOPs. Causal attention counts the pairs its mask keeps."""
+    forward = (OpRole.FORWARD, OpRole.LOSS)
+    return 3 * sum(_op_flops(graph, op) for op in graph.ops if op.role in forward)
+
+
+def hardware_flops(graph: Graph) -> int:
+    """FLOPs the devices execute in one training step: every forward, loss and backward op
+    as the catalog counts it (recomputed ops, flash attention's recomputed scores included);
+    the optimizer step is left out, as in Korthikanti et al.'s HFU."""
+    return sum(_op_flops(graph, op) for op in graph.ops if op.role != OpRole.OPTIMIZER)
 
 
 def flops_by_kind(graph: Graph) -> dict[str, int]:

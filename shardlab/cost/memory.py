@@ -24,14 +24,16 @@ A resharded version of a kept activation read by the backward is a comm buffer, 
 counted in `kept_for_backward` like any tensor the backward needs from the forward.
 
 Every rank holds equal blocks (placements must divide dims evenly), so one rank's profile
-describes them all; `rank` is there for programs whose ranks differ (pipeline stages).
+describes them all; `rank` is there for programs whose ranks differ (pipeline stages). The
+program may be one pipeline stage's part of a larger one: only the sources it reads count,
+and a value it reads that none of its ops makes (sent by another stage) is a buffer from
+its first reader on.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,9 @@ from typing import Any
 from shardlab.ir import DTYPE_BYTES, Graph, Op, OpRole, ValueKind
 from shardlab.placement import local_shape
 from shardlab.program import DistOp, DistProgram
+from shardlab.scopes import layer_scope
+
+__all__ = ["CATEGORIES", "MODEL_STATE", "Buffer", "MemoryProfile", "layer_scope", "memory_profile"]
 
 #: Memory categories, in the order reports list them.
 CATEGORIES = (
@@ -70,7 +75,6 @@ _PHASE = {
     OpRole.BACKWARD: _BACKWARD,
     OpRole.OPTIMIZER: _OPTIMIZER,
 }
-_LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +134,6 @@ class MemoryProfile:
             "kept_for_backward_by_scope": self.kept_for_backward_by_scope,
             "timeline": [list(p) for p in _thin(self.timeline, timeline_points, self.peak_op)],
         }
-
-
-def layer_scope(scope: str) -> str:
-    """A scope cut after its first numbered part (`layers.0.mlp.up_proj` -> `layers.0`),
-    else its first part (`lm_head.x` -> `lm_head`)."""
-    m = _LAYER.match(scope)
-    return m.group(1) if m else scope.split(".", 1)[0]
 
 
 def memory_profile(program: DistProgram, training: Graph, rank: int | None = None) -> MemoryProfile:
@@ -203,11 +200,17 @@ class _Scan:
         made_fwd: set[str] = set()
         read_late: set[str] = set()
         comm_made: set[str] = set()
+        read = {v for op in program.ops for v in op.inputs}
         for name in training.values:
-            if training.producer(name) is None:
+            if training.producer(name) is None and name in read:
                 self.serial[name] = self.owner[name] = name
         for i, op in enumerate(program.ops):
             for v in op.inputs:
+                if v not in self.owner:  # made on another pipeline stage: received here
+                    self.owner[v], self.born[v] = v, i
+                    self.serial[v] = v.split("~", 1)[0].split("@", 1)[0]
+                    if phase[i] == _FORWARD:
+                        made_fwd.add(v)
                 self.last[self.owner[v]] = i
                 if phase[i] != _FORWARD:
                     read_late.add(v)
@@ -223,7 +226,8 @@ class _Scan:
                     made_fwd.add(out)
                 if op.is_comm:
                     comm_made.add(out)
-        self.pinned = {self.owner[program.values.get(o, o)] for o in training.outputs}
+        outputs = (program.values.get(o, o) for o in training.outputs)
+        self.pinned = {self.owner[o] for o in outputs if o in self.owner}
         self.grads = {f"{v.name}.grad" for v in training.values_of_kind(ValueKind.PARAM)}
         self.kept = {
             v
@@ -268,7 +272,8 @@ class _Scan:
         out = dict.fromkeys(MODEL_STATE, 0)
         for value in self.training.values.values():
             name = value.name
-            if self.training.producer(name) is None and value.kind in _SOURCE_CATEGORY:
+            source = self.training.producer(name) is None and name in self.owner
+            if source and value.kind in _SOURCE_CATEGORY:
                 category = _SOURCE_CATEGORY[value.kind]
                 if category in out:
                     out[category] += self.nbytes(name)

@@ -18,41 +18,75 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from shardlab.cost.clusters import Cluster
+from shardlab.cost.clusters import Cluster, check_mesh_fits
 from shardlab.cost.comm import step_time
-from shardlab.cost.compute import CalibrationTable, peak_for, program_op_times, training_flops
+from shardlab.cost.compute import (
+    CalibrationTable,
+    hardware_flops,
+    model_flops,
+    peak_for,
+    program_op_times,
+)
 from shardlab.cost.memory import MemoryProfile, memory_profile
 from shardlab.cost.timeline import Timeline, mfu, simulate, tokens_per_second
-from shardlab.errors import ClusterError
 from shardlab.ir import Graph, ValueKind
 from shardlab.program import DistOp, DistProgram
 
 
+class StepFigures:
+    """MFU, HFU and tokens/s of a predicted step: what the costs of a flat step (`PlanCost`)
+    and of a pipelined one share."""
+
+    cluster: Cluster
+    model_flops: int  # 3 x the forward's FLOPs, all ranks together
+    hardware_flops: int  # FLOPs executed (recomputation included), all ranks together
+    tokens: int
+    dtype: str  # the dtype whose peak the utilisations are measured against
+    devices: int
+
+    @property
+    def step_time(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOPs per second over the devices' peak."""
+        peak = peak_for(self.cluster, self.dtype)
+        return mfu(self.model_flops, self.step_time, self.devices, peak)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: executed FLOPs (recomputation included) over peak."""
+        peak = peak_for(self.cluster, self.dtype)
+        return mfu(self.hardware_flops, self.step_time, self.devices, peak)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return tokens_per_second(self.tokens, self.step_time)
+
+
 @dataclass
-class PlanCost:
+class PlanCost(StepFigures):
     """What one training step of a program costs on a cluster."""
 
     cluster: Cluster
     op_times: dict[str, float]  # seconds per program op on rank 0's role
     timeline: Timeline
     memory: MemoryProfile
-    model_flops: int  # FLOPs of one training step, all ranks together
+    model_flops: int  # model FLOPs of one training step, all ranks together (3 x forward)
     tokens: int  # tokens per step (global batch x sequence)
     dtype: str  # the dtype whose peak MFU is measured against
     devices: int  # ranks of the mesh
+    hardware_flops: int = 0  # FLOPs executed (recomputation included), all ranks together
 
     @property
     def step_time(self) -> float:
         return self.timeline.step_time
 
     @property
-    def mfu(self) -> float:
-        peak = peak_for(self.cluster, self.dtype)
-        return mfu(self.model_flops, self.step_time, self.devices, peak)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return tokens_per_second(self.tokens, self.step_time)
+    def peak_memory_bytes(self) -> int:
+        """The largest memory one rank holds during the step."""
+        return self.memory.peak_bytes
 
     def summary(self) -> dict[str, Any]:
         """Headline figures, JSON-ready."""
@@ -62,8 +96,10 @@ class PlanCost:
             "cluster": self.cluster.name,
             "step_time_s": self.step_time,
             "mfu": self.mfu,
+            "hfu": self.hfu,
             "tokens_per_s": self.tokens_per_second,
             "model_flops": self.model_flops,
+            "hardware_flops": self.hardware_flops,
             "compute_s": self.timeline.compute_time(rank),
             "comm_s": self.timeline.comm_time(rank),
             "exposed_comm_s": self.timeline.exposed_comm(rank),
@@ -108,13 +144,7 @@ def cost_program(
     table: CalibrationTable | None = None,
 ) -> PlanCost:
     """Time, memory and throughput of one step of `program` (lowered from `training`)."""
-    if program.mesh.size > cluster.world_size:
-        raise ClusterError(
-            f"mesh {program.mesh} has {program.mesh.size} devices but cluster "
-            f"{cluster.name!r} has {cluster.world_size}",
-            mesh=str(program.mesh),
-            cluster=cluster.name,
-        )
+    check_mesh_fits(program.mesh, cluster)
     compute = program_op_times(program, cluster, table)
     roles = role_of_ranks(program, cluster)
     mesh = program.mesh
@@ -135,8 +165,9 @@ def cost_program(
         op_times=op_times,
         timeline=timeline,
         memory=memory_profile(program, training),
-        model_flops=training_flops(training),
+        model_flops=model_flops(training),
         tokens=tokens_per_step(training),
         dtype=float_dtypes[0] if float_dtypes else "float32",
         devices=mesh.size,
+        hardware_flops=hardware_flops(training),
     )

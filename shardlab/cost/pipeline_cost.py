@@ -30,19 +30,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shardlab.cost.clusters import Cluster
+from shardlab.cost.clusters import Cluster, check_mesh_fits
 from shardlab.cost.comm import collective_time, step_time
-from shardlab.cost.compute import CalibrationTable, peak_for, program_op_times, training_flops
-from shardlab.cost.model import tokens_per_step
+from shardlab.cost.compute import (
+    CalibrationTable,
+    hardware_flops,
+    model_flops,
+    program_op_times,
+)
+from shardlab.cost.model import StepFigures, tokens_per_step
 from shardlab.cost.timeline import (
     Row,
     Timeline,
     _Engine,
     _events,
-    mfu,
-    tokens_per_second,
 )
-from shardlab.errors import ClusterError
 from shardlab.ir import DTYPE_BYTES, Graph
 from shardlab.passes.pipeline import PipelineProgram
 from shardlab.placement import local_shape
@@ -55,17 +57,18 @@ ComputeTime = Callable[[int, DistOp], float]
 
 
 @dataclass
-class PipelineCost:
+class PipelineCost(StepFigures):
     """What one pipelined training step costs on a cluster."""
 
     cluster: Cluster
     timeline: Timeline  # events of each stage's representative rank
     stage_ranks: list[int]  # the representative global rank of each stage
     busy: list[float]  # compute-busy seconds per stage
-    model_flops: int  # training FLOPs of one micro-batch x micro-batches
+    model_flops: int  # model FLOPs of one micro-batch x micro-batches
     tokens: int  # tokens per step (all micro-batches)
     dtype: str
     devices: int
+    hardware_flops: int = 0  # executed FLOPs of one micro-batch x micro-batches
 
     @property
     def step_time(self) -> float:
@@ -76,15 +79,6 @@ class PipelineCost:
         """Idle share of the step on the busiest stage."""
         return 1.0 - max(self.busy) / self.step_time if self.step_time > 0 else 0.0
 
-    @property
-    def tokens_per_second(self) -> float:
-        return tokens_per_second(self.tokens, self.step_time)
-
-    @property
-    def mfu(self) -> float:
-        peak = peak_for(self.cluster, self.dtype)
-        return mfu(self.model_flops, self.step_time, self.devices, peak)
-
     def summary(self) -> dict[str, Any]:
         """Headline figures, JSON-ready."""
         return {
@@ -92,6 +86,7 @@ class PipelineCost:
             "step_time_s": self.step_time,
             "tokens_per_s": self.tokens_per_second,
             "mfu": self.mfu,
+            "hfu": self.hfu,
             "bubble_fraction": self.bubble_fraction,
             "stage_busy_s": list(self.busy),
             "stage_ranks": list(self.stage_ranks),
@@ -121,13 +116,7 @@ def cost_pipeline(
     compute_time: ComputeTime | None = None,
 ) -> PipelineCost:
     """Simulate one step of `pipeline` on `cluster` (module doc for the model)."""
-    if pipeline.mesh.size > cluster.world_size:
-        raise ClusterError(
-            f"mesh {pipeline.mesh} has {pipeline.mesh.size} devices but cluster "
-            f"{cluster.name!r} has {cluster.world_size}",
-            mesh=str(pipeline.mesh),
-            cluster=cluster.name,
-        )
+    check_mesh_fits(pipeline.mesh, cluster)
     reps = [program.mesh.ranks[0] for program in pipeline.stages]
     ops: list[DistOp] = []
     rows: dict[int, list[float | None]] = {r: [] for r in reps}
@@ -151,7 +140,8 @@ def cost_pipeline(
         timeline=timeline,
         stage_ranks=reps,
         busy=[timeline.compute_time(r) for r in reps],
-        model_flops=training_flops(training_per_microbatch) * pipeline.microbatches,
+        model_flops=model_flops(training_per_microbatch) * pipeline.microbatches,
+        hardware_flops=hardware_flops(training_per_microbatch) * pipeline.microbatches,
         tokens=tokens_per_step(training_per_microbatch) * pipeline.microbatches,
         dtype=_float_dtype(training_per_microbatch),
         devices=pipeline.mesh.size,

@@ -14,10 +14,24 @@ from typing import Any
 from shardlab.errors import PresetError
 from shardlab.ir import DTYPE_BYTES, FLOAT_DTYPES
 
+#: Attention implementations: a fused kernel, or eager ops that keep the probabilities.
+ATTENTION = ("flash", "eager")
+#: Settings whose value is one of a few names.
+CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION}
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+#: Families whose ffn is 4 * hidden unless set: `--set hidden=...` alone keeps the ratio.
+FFN_FOLLOWS_HIDDEN = ("gpt",)
+
 
 @dataclass(frozen=True, slots=True)
 class TransformerConfig:
-    """A decoder-only transformer (GPT-2 or Llama family)."""
+    """A decoder-only transformer (GPT-2, Megatron-LM GPT or Llama family).
+
+    `dropout`: probability of the hidden (and, with eager attention, attention-probability)
+    dropouts, 0 for none; `attention`: "flash" (one fused op) or "eager" (matmuls, a masked
+    softmax and dropout whose outputs are kept for backward); `tie_embeddings`: lm_head
+    reuses `embed.weight`.
+    """
 
     family: str
     layers: int
@@ -32,6 +46,9 @@ class TransformerConfig:
     max_positions: int = 0
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    dropout: float = 0.0
+    attention: str = "flash"
+    tie_embeddings: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -51,6 +68,13 @@ class TransformerConfig:
             )
         if self.family == "llama" and self.head_dim % 2:
             raise PresetError(f"rotary embedding needs an even head dim, got {self.head_dim}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise PresetError(f"dropout must be in [0, 1), got {self.dropout}", key="dropout")
+        if self.attention not in ATTENTION:
+            raise PresetError(
+                f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}",
+                key="attention",
+            )
         if self.family == "gpt2" and self.seq > self.max_positions:
             raise PresetError(
                 f"seq ({self.seq}) exceeds the {self.max_positions} learned positions of gpt2",
@@ -76,6 +100,7 @@ ModelConfig = TransformerConfig | MlpDemoConfig
 #: Fields a user may override with --set; the rest define the family.
 OVERRIDABLE = (
     "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "batch", "dtype", "classes",
+    "dropout", "attention", "tie_embeddings",
 )  # fmt: skip
 
 
@@ -88,7 +113,12 @@ def _check_common(config: ModelConfig) -> None:
                     f"dtype must be one of {', '.join(sorted(FLOAT_DTYPES))}, got {val!r}",
                     key="dtype",
                 )
-        elif isinstance(val, int) and f.name != "max_positions" and val <= 0:
+        elif (
+            isinstance(val, int)
+            and not isinstance(val, bool)
+            and f.name != "max_positions"
+            and val <= 0
+        ):
             raise PresetError(f"{f.name} must be positive, got {val}", key=f.name)
 
 
@@ -117,13 +147,29 @@ def apply_overrides(config: ModelConfig, overrides: Mapping[str, Any], preset: s
     keeps_mha = isinstance(config, TransformerConfig) and config.kv_heads == config.heads
     if keeps_mha and "heads" in changes and "kv_heads" not in changes:
         changes["kv_heads"] = changes["heads"]
+    follows = isinstance(config, TransformerConfig) and config.family in FFN_FOLLOWS_HIDDEN
+    if follows and "hidden" in changes and "ffn" not in changes:
+        changes["ffn"] = 4 * changes["hidden"]
     new = dataclasses.replace(config, **changes)
     new.check()
     return new
 
 
 def _coerce(key: str, raw: Any, typ: type) -> Any:
-    if isinstance(raw, typ) and not (typ is int and isinstance(raw, bool)):
+    if typ is bool:
+        word = str(raw).strip().lower()
+        if not isinstance(raw, bool) and word not in _BOOLS:
+            raise PresetError(f"{key} must be true or false (or 1 / 0), got {raw!r}", key=key)
+        return raw if isinstance(raw, bool) else _BOOLS[word]
+    if key in CHOICES:
+        if raw not in CHOICES[key]:
+            raise PresetError(
+                f"{key} must be one of {', '.join(CHOICES[key])}, got {raw!r}", key=key
+            )
+        return str(raw)
+    if isinstance(raw, bool) and typ is not str:
+        raise PresetError(f"{key} must be {_what(typ)}, got {raw!r}", key=key)
+    if isinstance(raw, typ):
         return raw
     if typ is str:
         if raw not in DTYPE_BYTES:
@@ -134,6 +180,8 @@ def _coerce(key: str, raw: Any, typ: type) -> Any:
             return int(str(raw).replace("_", ""), 10)
         return typ(raw)
     except (TypeError, ValueError):
-        raise PresetError(
-            f"{key} must be {'an integer' if typ is int else typ.__name__}, got {raw!r}", key=key
-        ) from None
+        raise PresetError(f"{key} must be {_what(typ)}, got {raw!r}", key=key) from None
+
+
+def _what(typ: type) -> str:
+    return {int: "an integer", float: "a number"}.get(typ, typ.__name__)

@@ -2,6 +2,10 @@
 
 Published sizes: GPT-2 (Radford et al. 2019, the HF `gpt2*` configs), Llama 2 (Touvron et
 al. 2023) and Llama 3 (Meta 2024). Parameter counts equal the published ones exactly.
+`gpt` is the GPT of the Megatron-LM papers (Narayanan et al. 2021, Korthikanti et al. 2022)
+at the GPT-3 XL size (Brown et al. 2020: 24 layers, hidden 2048, 16 heads): vocab 51200,
+seq 2048, dropout 0.1, tied embeddings; its parameter count is Narayanan et al.'s eq. 2,
+12lh^2 (1 + 13/(12h) + (V + s)/(12lh)), plus the final LayerNorm's 2h that eq. 2 leaves out.
 """
 
 from __future__ import annotations
@@ -39,7 +43,15 @@ _BUILDERS: dict[type, Callable[[Any, str], Graph]] = {
 def _gpt2(layers: int, hidden: int, heads: int) -> TransformerConfig:
     return TransformerConfig(
         family="gpt2", layers=layers, hidden=hidden, heads=heads, kv_heads=heads,
-        ffn=4 * hidden, vocab=50257, seq=1024, batch=8, max_positions=1024,
+        ffn=4 * hidden, vocab=50257, seq=1024, batch=8, max_positions=1024, tie_embeddings=True,
+    )  # fmt: skip
+
+
+def _gpt(layers: int, hidden: int, heads: int) -> TransformerConfig:
+    return TransformerConfig(
+        family="gpt", layers=layers, hidden=hidden, heads=heads, kv_heads=heads,
+        ffn=4 * hidden, vocab=51200, seq=2048, batch=8, dropout=0.1, attention="flash",
+        tie_embeddings=True,
     )  # fmt: skip
 
 
@@ -61,6 +73,7 @@ PRESETS: dict[str, Preset] = {
         Preset("gpt2-medium", "GPT-2 medium, 355M", _gpt2(24, 1024, 16)),
         Preset("gpt2-large", "GPT-2 large, 774M", _gpt2(36, 1280, 20)),
         Preset("gpt2-xl", "GPT-2 XL, 1.5B", _gpt2(48, 1600, 25)),
+        Preset("gpt", "Megatron-LM GPT (GPT-3 XL size, 1.3B), dropout 0.1", _gpt(24, 2048, 16)),
         Preset("llama2-7b", "Llama 2 7B", _llama(32, 4096, 32, 32, 11008, 32000, 4096, 1e4)),
         Preset("llama2-13b", "Llama 2 13B", _llama(40, 5120, 40, 40, 13824, 32000, 4096, 1e4)),
         Preset("llama2-70b", "Llama 2 70B, GQA", _llama(80, 8192, 64, 8, 28672, 32000, 4096, 1e4)),

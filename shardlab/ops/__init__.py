@@ -12,6 +12,7 @@ from shardlab.ops import (  # noqa: F401  (imported to register their kinds)
     attention,
     autodiff_ops,
     buffer_ops,
+    dropout,
     elementwise,
     embedding,
     linalg,

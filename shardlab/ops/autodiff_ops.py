@@ -13,6 +13,10 @@
 - cross_entropy_grad(logits, labels, dloss) -> dlogits (attr `reduction`).
 - embedding_grad(ids, dy): attr `vocab` -> dtable [vocab, H] by scatter-add.
 - sgd(param, grad): attrs `lr`, `weight_decay` (default 0) -> new param.
+- main_grad(grad16) -> grad32: a 16-bit parameter gradient as Megatron-LM's float32 main
+  gradient (accumulated and reduced in float32); the runtime keeps its compute dtype. It
+  moves no bytes of its own: Megatron-LM writes the weight gradient's GEMM output straight
+  into the float32 buffer (gradient accumulation fusion), so it costs no time.
 - adamw(param, grad, exp_avg, exp_avg_sq[, master]): attrs `lr`, `betas`, `eps`,
   `weight_decay`, `step` (>= 1) -> new param, exp_avg, exp_avg_sq[, master]; one
   torch.optim.AdamW step (on the float32 master when given; the param is its copy).
@@ -236,12 +240,18 @@ _reg("rms_norm_grad", "dx, dweight of rms_norm from (x, weight, dy); attr eps.",
 
 def _attn_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
     q, k, v, dy = xs
+    return attention_backward(q, k, v, dy, bool(attrs.get("causal", True)), attrs.get("scale"))
+
+
+def attention_backward(
+    q: Array, k: Array, v: Array, dy: Array, causal: bool, scale: float | None
+) -> list[Array]:
+    """dq, dk, dv of grouped-query attention (query head h reads kv head h // group)."""
     group = q.shape[2] // k.shape[2]
     kr, vr = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
-    sc = attrs.get("scale")
-    scale = 1.0 / math.sqrt(q.shape[3]) if sc is None else float(sc)
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     s = np.einsum("bqhd,bkhd->bhqk", q, kr) * scale
-    if attrs.get("causal", True):
+    if causal:
         s = np.where(np.triu(np.ones(s.shape[-2:], dtype=bool), k=1), -np.inf, s)
     p = np.exp(s - np.max(s, axis=-1, keepdims=True))
     p /= np.sum(p, axis=-1, keepdims=True)
@@ -319,6 +329,21 @@ def _emb_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
 _reg("embedding_grad", "dtable [vocab, H]: rows of dy scatter-added at ids; attr vocab.", 2,
      _emb_grad_infer, _emb_grad_np, index_bounds=lambda ins, a: {0: int(a["vocab"])},
      flops=_per_element("embedding_grad", which=1))  # fmt: skip
+
+
+def _main_grad_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    require_float(ins[0], "main_grad", "gradient")
+    return [ins[0].with_dtype("float32")]
+
+
+def _main_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
+    return [np.array(xs[0], copy=True)]
+
+
+register(
+    OpDef("main_grad", FAMILY, "the float32 main gradient of a 16-bit parameter gradient.",
+          1, 1, _main_grad_infer, _main_grad_np, bytes=no_flops)
+)  # fmt: skip
 
 
 def _opt_infer(kind: str) -> Callable[[Sequence[TensorType], Attrs], list[TensorType]]:

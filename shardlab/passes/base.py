@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,9 @@ class PassResult:
 
 
 PassFn = Callable[[DistProgram, Graph, Mapping[str, Any]], PassResult]
+#: The settings of a pass's tunable options to try, given the program(s) it will run on (one,
+#: or every stage of a pipeline): option name -> value, in the order the values grow.
+TuneFn = Callable[[Sequence[DistProgram]], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -37,3 +40,6 @@ class Pass:
     doc: str
     default_on: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)  # name -> default value
+    #: candidates of a tunable option, which the cost guard picks from when the user sets none
+    #: of the options they name (`passes.guard`); None: nothing to tune
+    tune: TuneFn | None = None

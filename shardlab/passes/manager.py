@@ -10,18 +10,28 @@ strategy overrides that in `Strategy.options["passes"]`:
 `True` turns a pass on with its defaults, `False` turns it off, a mapping turns it on with
 those options. The plan keeps a `PassStage` per pass (program, summary and, with a cluster,
 its cost), so any pass's effect is a `compare` of two neighbouring stages.
+
+Given a cost function (a plan with a cluster), every pass runs under the cost guard
+(`passes.guard`): it keeps its change only where the predicted step does not get worse, else
+its stage keeps the previous program and says why; a pass with a tunable option the user did
+not set (`dp_fuse_allreduce`'s `bucket_mb`) has it chosen by cost. Each stage's cost is
+computed once and handed on, and a pass that changes nothing is not costed again.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from shardlab.ir import Graph
 from shardlab.passes import data_parallel as dp
 from shardlab.passes.base import Pass, PassError, PassFn, PassResult
+from shardlab.passes.guard import Costed, guard_pass, option_trials, same_program
 from shardlab.program import DistProgram
+
+C = TypeVar("C", bound=Costed)
 
 __all__ = ["PASSES", "Pass", "PassError", "PassFn", "PassResult", "PassStage", "run_passes"]
 
@@ -63,12 +73,21 @@ def resolve_passes(config: Any) -> list[tuple[Pass, dict[str, Any]]]:
 
 
 @dataclass
-class PassStage:
-    """The program after one pass (or "lowered" before any) and what that pass changed."""
+class PassStage(Generic[C]):
+    """The program after one pass (or "lowered" before any), what that pass changed and,
+    when run with a cost function, its cost."""
 
     name: str
     program: DistProgram
     summary: dict[str, Any]
+    cost: C | None = None
+
+
+def given_options(config: Any, name: str) -> Mapping[str, Any]:
+    """The options the user set for pass `name` in `Strategy.options["passes"]` (not the
+    defaults): what the cost guard must not tune."""
+    setting = config.get(name) if isinstance(config, Mapping) else None
+    return setting if isinstance(setting, Mapping) else {}
 
 
 def run_passes(
@@ -76,18 +95,40 @@ def run_passes(
     training: Graph,
     config: Any,
     on_pass: Callable[[int, int, str], None] | None = None,
-) -> list[PassStage]:
+    cost: Callable[[DistProgram], C] | None = None,
+) -> list[PassStage[C]]:
     """Stage "lowered" followed by one stage per pass that ran, in order; `on_pass(n, total,
-    name)` is told before each pass starts (for progress bars)."""
-    stages = [PassStage("lowered", program, {"message": "as lowered", "ops": len(program.ops)})]
+    name)` is told before each pass starts (for progress bars). With `cost` (a program ->
+    its cost), every stage is costed and every pass runs under the cost guard."""
+    lowered = {"message": "as lowered", "ops": len(program.ops)}
+    stages = [PassStage("lowered", program, lowered, None if cost is None else cost(program))]
     passes = resolve_passes(config)
     for n, (p, options) in enumerate(passes):
         if on_pass is not None:
             on_pass(n, len(passes), p.name)
-        result = p.fn(stages[-1].program, training, options)
-        summary = {"ops_before": len(stages[-1].program.ops), "ops_after": len(result.program.ops)}
-        stages.append(PassStage(p.name, result.program, {**summary, **result.summary}))
+        before = stages[-1]
+        before_cost = before.cost
+        if cost is None or before_cost is None:
+            result = p.fn(before.program, training, options)
+            after, summary, spent = result.program, result.summary, None
+        else:
+            apply = functools.partial(_apply, p.fn, training)
+            trials, start = option_trials(
+                p, options, given_options(config, p.name), [before.program]
+            )
+            kept = guard_pass(trials, start, before.program, before_cost, apply, cost, same_program)
+            after, summary, spent = kept.program, kept.summary, kept.cost
+        sizes = {"ops_before": len(before.program.ops), "ops_after": len(after.ops)}
+        stages.append(PassStage(p.name, after, {**sizes, **summary}, spent))
     return stages
+
+
+def _apply(
+    fn: PassFn, training: Graph, program: DistProgram, options: Mapping[str, Any]
+) -> tuple[DistProgram, dict[str, Any]]:
+    """One pass function on a program: the new program and the pass's summary."""
+    result = fn(program, training, options)
+    return result.program, result.summary
 
 
 def _register_builtin_passes() -> None:
@@ -96,7 +137,7 @@ def _register_builtin_passes() -> None:
                        "fold per-gradient 1/dp scaling into the loss gradient"))  # fmt: skip
     register_pass(Pass("dp_fuse_allreduce", dp.dp_fuse_allreduce,
                        "fuse gradient all-reduces into buckets", True,
-                       {"bucket_mb": dp.DEFAULT_BUCKET_MB}))  # fmt: skip
+                       {"bucket_mb": dp.DEFAULT_BUCKET_MB}, dp.bucket_mb_candidates))  # fmt: skip
     register_pass(Pass("dp_overlap", dp.dp_overlap,
                        "issue each bucket's all-reduce as soon as its gradients exist and wait "
                        "right before the first reader"))  # fmt: skip

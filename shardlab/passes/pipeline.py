@@ -37,7 +37,7 @@ program through `passes.pipeline_passes.apply_stage_passes`; the send/wait pass 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardlab.autodiff import training_graph
@@ -59,7 +59,7 @@ from shardlab.passes.pipeline_stages import StageAssignment, assign_layers, stag
 from shardlab.placement import Replicate
 from shardlab.program import DistProgram
 from shardlab.spmd.complete import complete
-from shardlab.strategy import Annotation, Strategy
+from shardlab.strategy import Strategy
 
 __all__ = [
     "SCHEDULES",
@@ -158,7 +158,7 @@ def stage_strategy(strategy: Strategy, axis: str = "pp") -> Strategy:
                 )
         kept = tuple((a, p) for a, p in ann.placements if a != axis)
         if kept:
-            anns.append(Annotation(ann.pattern, kept, ann.source))
+            anns.append(replace(ann, placements=kept))
     return Strategy(mesh.submesh(axis, 0), strategy.templates, tuple(anns), dict(strategy.options))
 
 
@@ -179,7 +179,7 @@ def build_pipeline(
     `model` is the forward graph of ONE micro-batch (global batch / microbatches);
     `strategy.mesh` has the pipeline axis `axis`.
     """
-    training = training_graph(model, optimizer=optimizer, lr=lr)
+    training = training_graph(model, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
     program = lower(complete(training, stage_strategy(strategy, axis)))
     return pipeline_program(
         program,

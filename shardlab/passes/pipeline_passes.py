@@ -10,20 +10,38 @@ the manager's order on every stage and adds up what they changed.
 `training` is the training graph of ONE micro-batch (`training_graph(micro_model)`): the
 passes look up serial value names there (`<grad>` of an all-reduce's attr `value`, the
 loss), which the stage programs keep for their accumulated gradients and all-reduces.
+
+`guarded_stage_pass_steps` runs them under the cost guard (`passes.guard`) with a pipeline
+cost: one decision per pass for the whole pipeline (every stage keeps the pass, or none
+does), since the step is one simulation of all stages together; costing each stage's choice
+apart would cost the pipeline once per stage and per pass. A pass that changes nothing is
+not costed, so the guard costs the pipeline once per pass that changes it (the costs the
+CLI shows anyway) plus the extra bucket sizes the tuning of `dp_fuse_allreduce` tries.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from shardlab.ir import Graph
-from shardlab.passes.manager import resolve_passes
+from shardlab.passes.base import Pass
+from shardlab.passes.guard import Costed, guard_pass, option_trials, same_program
+from shardlab.passes.manager import given_options, resolve_passes
 from shardlab.passes.pipeline import PipelineProgram
 from shardlab.program import DistProgram
 
-__all__ = ["aggregate_summaries", "apply_stage_passes", "stage_pass_steps"]
+__all__ = [
+    "aggregate_summaries",
+    "apply_stage_passes",
+    "guarded_stage_pass_steps",
+    "same_pipeline",
+    "stage_pass_steps",
+]
+
+C = TypeVar("C", bound=Costed)
 
 #: Integer summary fields that are settings or ids, not counts: not summed over stages.
 NOT_SUMMED = frozenset({"stage", "bucket_bytes"})
@@ -35,17 +53,55 @@ def stage_pass_steps(
     """The pipeline after each pass of `config` (as `Strategy.options["passes"]`) that ran on
     every stage program, in order, with that pass's summary aggregated over the stages."""
     steps: list[tuple[PipelineProgram, dict[str, Any]]] = []
-    stages: list[DistProgram] = list(pipeline.stages)
     for p, options in resolve_passes(config):
-        per_stage: list[dict[str, Any]] = []
-        for s, program in enumerate(stages):
-            result = p.fn(program, training, options)
-            sizes = {"ops_before": len(program.ops), "ops_after": len(result.program.ops)}
-            per_stage.append({"stage": s, **sizes, **result.summary})
-            stages[s] = result.program
-        after = dataclasses.replace(pipeline, stages=list(stages))
-        steps.append((after, aggregate_summaries(p.name, per_stage)))
+        steps.append(_on_stages(p, training, steps[-1][0] if steps else pipeline, options))
     return steps
+
+
+def guarded_stage_pass_steps(
+    pipeline: PipelineProgram,
+    training: Graph,
+    config: Any,
+    cost: Callable[[PipelineProgram], C],
+    built_cost: C | None = None,
+) -> list[tuple[PipelineProgram, dict[str, Any], C]]:
+    """`stage_pass_steps` under the cost guard, with `cost` (a pipeline -> its cost; the
+    pipeline as built costs `built_cost`, computed when None): each pass keeps its change
+    on every stage only where the pipeline's predicted step does not get worse. Each step
+    comes with its cost; summaries carry the guard's fields (`declined`, ...)."""
+    before_cost = cost(pipeline) if built_cost is None else built_cost
+    before = pipeline
+    steps: list[tuple[PipelineProgram, dict[str, Any], C]] = []
+    for p, options in resolve_passes(config):
+        trials, start = option_trials(p, options, given_options(config, p.name), before.stages)
+        apply = functools.partial(_on_stages, p, training)
+        kept = guard_pass(trials, start, before, before_cost, apply, cost, same_pipeline)
+        steps.append((kept.program, {"pass": p.name, **kept.summary}, kept.cost))
+        before, before_cost = kept.program, kept.cost
+    return steps
+
+
+def same_pipeline(a: PipelineProgram, b: PipelineProgram) -> bool:
+    """True when every stage program of `a` equals that of `b` (so they cost the same)."""
+    return a is b or (
+        len(a.stages) == len(b.stages)
+        and all(same_program(x, y) for x, y in zip(a.stages, b.stages, strict=True))
+    )
+
+
+def _on_stages(
+    p: Pass, training: Graph, pipeline: PipelineProgram, options: Mapping[str, Any]
+) -> tuple[PipelineProgram, dict[str, Any]]:
+    """Pass `p` run on every stage program, and its summary aggregated over the stages."""
+    per_stage: list[dict[str, Any]] = []
+    stages: list[DistProgram] = list(pipeline.stages)
+    for s, program in enumerate(stages):
+        result = p.fn(program, training, options)
+        sizes = {"ops_before": len(program.ops), "ops_after": len(result.program.ops)}
+        per_stage.append({"stage": s, **sizes, **result.summary})
+        stages[s] = result.program
+    after = dataclasses.replace(pipeline, stages=stages)
+    return after, aggregate_summaries(p.name, per_stage)
 
 
 def apply_stage_passes(

@@ -19,9 +19,10 @@ pipeline runtime executes ops in exactly this order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from shardlab.errors import PlacementError, ShardlabError
 from shardlab.placement import local_shape
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from shardlab.passes.pipeline import PipelineProgram
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+#: How the layers are split over the model chunks (`PipelineOptions.balance`).
+BALANCES = ("flops", "even")
 
 
 class PipelineError(ShardlabError):
@@ -53,6 +56,59 @@ class Unit:
 
     def __str__(self) -> str:
         return f"{self.phase}{self.microbatch}" + (f".c{self.chunk}" if self.chunk else "")
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineOptions:
+    """How a `pp` mesh axis pipelines: schedule, micro-batches per step, model chunks per
+    stage (interleaved), and how layers are split (`flops`: balanced by FLOPs, the
+    embedding and head counted; `even`: the same number per chunk, as Megatron-LM does)."""
+
+    schedule: str = "1f1b"
+    microbatches: int = 0  # 0: one per pipeline stage
+    virtual_stages: int = 0  # 0: 2 for interleaved, else 1
+    balance: str = "flops"
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], pp: int) -> PipelineOptions:
+        """The strategy option `pipeline` (a mapping), checked; errors name the field."""
+        raw = options.get("pipeline", {})
+        if not isinstance(raw, Mapping):
+            raise PipelineError(f"strategy option 'pipeline' must be an object, got {raw!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise PipelineError(
+                f"pipeline option {unknown[0]!r} is unknown; options: {', '.join(sorted(known))}",
+                option=unknown[0],
+            )
+        out = cls(**{k: raw[k] for k in known if k in raw})
+        for name in ("microbatches", "virtual_stages"):
+            value = getattr(out, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PipelineError(
+                    f"pipeline option {name!r} must be a positive integer, got {value!r}",
+                    option=name,
+                )
+        if out.schedule not in SCHEDULES:
+            raise PipelineError(
+                f"pipeline option 'schedule' must be one of {', '.join(SCHEDULES)}, got "
+                f"{out.schedule!r}",
+                option="schedule",
+            )
+        if out.balance not in BALANCES:
+            raise PipelineError(
+                f"pipeline option 'balance' must be one of {', '.join(BALANCES)}, got "
+                f"{out.balance!r}",
+                option="balance",
+            )
+        v = out.virtual_stages or (2 if out.schedule == "interleaved" else 1)
+        resolved = dataclasses.replace(out, microbatches=out.microbatches or pp, virtual_stages=v)
+        check_schedule(resolved.schedule, pp, resolved.microbatches, v)
+        return resolved
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def warmup_forwards(schedule: str, pp: int, stage: int, microbatches: int, virtual: int) -> int:

@@ -165,17 +165,16 @@ class Split:
         return self.assignment.stage_of_chunk(self.place[i].chunk)
 
     def _places(self, serial: dict[str, Place]) -> dict[int, Place]:
-        """Places of the program's ops: compute ops by name, reshards by their neighbours."""
+        """Places of the program's ops: compute ops by name, reshards (and the ops passes add,
+        such as gradient buckets' pack and unpack) by their neighbours."""
         ops = self.program.ops
         place: dict[int, Place] = {}
         for i, op in enumerate(ops):
-            if i not in self.free and op.comm is None:
-                if op.name not in serial:
-                    raise PipelineError(f"op {op.name!r} is not an op of the training graph")
+            if i not in self.free and op.comm is None and op.name in serial:
                 place[i] = serial[op.name]
         for i in reversed(range(len(ops))):
             op = ops[i]
-            if i in self.free or op.comm is None:
+            if i in self.free or i in place:
                 continue
             readers = [j for v in op.outputs for j in self.readers.get(v, []) if j in place]
             if op.attrs.get("consumer") != "placement":

@@ -10,9 +10,16 @@ or to combine partial statistics with the other ranks mid-op:
 - `replicated`: compute from whole inputs, then keep this rank's part of each output (the
   fallback, and ops without inputs such as `rope_cache`);
 - `embedding_vocab_parallel`: look up only the ids inside this rank's rows of the table;
+- `embedding_grad_vocab_parallel`: scatter-add only the ids inside this rank's rows;
 - `cross_entropy_vocab_parallel`: all-reduce the max and the sum of exponentials over the
   vocab-sharding axes (declared as `InnerComm`s), then emit this rank's partial loss;
 - `attention_query_offset`: causal attention whose query block starts at a global offset;
+- `attention_head_offset` / `attention_grad_head_offset`: grouped-query attention whose
+  query heads are sharded while the k/v heads are whole (there are fewer kv heads than
+  ranks): each local query head reads its kv head by its global index; the grad's dk and dv
+  are partial sums over the ranks that share a kv head;
+- `masked_softmax_query_offset`: the same for eager attention's causal masked softmax;
+- `dropout_global_index`: dropout of a block, its mask built from the block's global indices;
 - `reshape_local`: reshape to this rank's local output shape (attr `shape` is global);
 - `shape_attr_local`: run the op with its `shape` attr replaced by the local output shape
   (broadcast_to);
@@ -34,7 +41,10 @@ from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
 from shardlab.ops import get_op
 from shardlab.ops.attention import attention
+from shardlab.ops.autodiff_ops import attention_backward
 from shardlab.ops.base import Array, Attrs
+from shardlab.ops.dropout import block_index, dropout_block
+from shardlab.ops.softmax import masked_softmax
 from shardlab.placement import DistSpec, Shard, index_ranges, local_shape
 from shardlab.runtime.distribute import to_local
 
@@ -111,6 +121,19 @@ def embedding_vocab_parallel(
     return [np.where(inside[..., None], rows, 0.0)]
 
 
+def embedding_grad_vocab_parallel(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """Scatter-add only the rows of dy whose ids fall inside this rank's rows of the table."""
+    ids, dy = xs
+    start, stop = ctx.output_range(0)[0]
+    out = np.zeros((stop - start, dy.shape[-1]), dtype=dy.dtype)
+    flat, rows = ids.reshape(-1), dy.reshape(-1, dy.shape[-1])
+    inside = (flat >= start) & (flat < stop)
+    np.add.at(out, flat[inside] - start, rows[inside])
+    return [out]
+
+
 def cross_entropy_vocab_parallel(
     kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
 ) -> Generator[CollectiveRequest, Array, list[Array]]:
@@ -139,6 +162,61 @@ def attention_query_offset(
     q, k, v = xs
     causal = bool(attrs.get("causal", True))
     return [attention(q, k, v, causal, None if scale is None else float(scale), offset)]
+
+
+def masked_softmax_query_offset(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """Causal masked softmax of a block of query rows that starts at a global offset."""
+    offset = ctx.input_range(0)[-2][0]
+    causal = bool(attrs.get("causal", False))
+    return [masked_softmax(xs[0], float(attrs.get("scale", 1.0)), causal, offset)]
+
+
+def dropout_global_index(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """(y, mask) of this rank's block: the mask of the block's global element indices."""
+    index = block_index(ctx.output_types[0].shape, ctx.output_range(0))
+    return dropout_block(xs[0], attrs, index)
+
+
+def _kv_heads_of_local_queries(ctx: LocalContext, local_heads: int) -> Array:
+    """For each local query head, the global index of the kv head it reads."""
+    group = ctx.input_types[0].shape[2] // ctx.input_types[1].shape[2]
+    first = ctx.input_range(0)[2][0]
+    return np.asarray((first + np.arange(local_heads)) // group)
+
+
+def attention_head_offset(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """Attention over a block of query heads (and maybe of queries) with whole k/v heads."""
+    q, k, v = xs
+    heads = _kv_heads_of_local_queries(ctx, q.shape[2])
+    causal = bool(attrs.get("causal", True))
+    offset = ctx.input_range(0)[1][0] if causal else 0
+    scale = attrs.get("scale")
+    out = attention(
+        q, k[:, :, heads], v[:, :, heads], causal, None if scale is None else float(scale), offset
+    )
+    return [out]
+
+
+def attention_grad_head_offset(
+    kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+) -> KernelResult:
+    """dq of this rank's query heads, and its partial dk, dv over the whole kv heads."""
+    q, k, v, dy = xs
+    heads = _kv_heads_of_local_queries(ctx, q.shape[2])
+    dq, dk_local, dv_local = attention_backward(
+        q, k[:, :, heads], v[:, :, heads], dy, bool(attrs.get("causal", True)), attrs.get("scale")
+    )
+    dk, dv = np.zeros_like(k), np.zeros_like(v)
+    for j, head in enumerate(heads):
+        dk[:, :, head] += dk_local[:, :, j]
+        dv[:, :, head] += dv_local[:, :, j]
+    return [dq, dk, dv]
 
 
 def reshape_local(kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext) -> KernelResult:
@@ -191,8 +269,13 @@ KERNELS: dict[str, Kernel] = {
     "default": default_kernel,
     "replicated": replicated_kernel,
     "embedding_vocab_parallel": embedding_vocab_parallel,
+    "embedding_grad_vocab_parallel": embedding_grad_vocab_parallel,
     "cross_entropy_vocab_parallel": cross_entropy_vocab_parallel,
     "attention_query_offset": attention_query_offset,
+    "attention_head_offset": attention_head_offset,
+    "attention_grad_head_offset": attention_grad_head_offset,
+    "masked_softmax_query_offset": masked_softmax_query_offset,
+    "dropout_global_index": dropout_global_index,
     "reshape_local": reshape_local,
     "shape_attr_local": shape_attr_local,
     "cross_entropy_grad_sharded": cross_entropy_grad_sharded,

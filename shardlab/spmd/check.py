@@ -113,8 +113,14 @@ def check_rule(
         for r, block in blocks.items():
             assert block.shape == want_shape, (kind, r, block.shape, want_shape, str(spec))
         got = assemble(blocks, spec, t.shape)
-        errors.append(float(np.max(np.abs(got - expected[j]), initial=0.0)))
+        errors.append(_max_abs_diff(got, expected[j]))
     return RuleCheck(rule, tuple(errors))
+
+
+def _max_abs_diff(got: Array, want: Array) -> float:
+    """Largest absolute difference, in float64 (bool outputs such as masks count 0 or 1)."""
+    diff = np.asarray(got, dtype=np.float64) - np.asarray(want, dtype=np.float64)
+    return float(np.max(np.abs(diff), initial=0.0))
 
 
 def placements_for(rank: int, partial: bool = True) -> list[Placement]:
@@ -240,6 +246,6 @@ def check_completed(completed: Any, seed: int = 0) -> dict[str, float]:
             got = assemble(
                 {r: np.asarray(outs[r][j]) for r in mesh.ranks}, spec, out_types[j].shape
             )
-            worst = max(worst, float(np.max(np.abs(got - env[v]), initial=0.0)))
+            worst = max(worst, _max_abs_diff(got, env[v]))
         errors[op.name] = worst
     return errors

@@ -6,7 +6,13 @@
    in. Free source values (unannotated params, inputs, constants) take the spec their first
    consumer requires. Outputs take the rule's spec, overridden on annotated axes (the
    annotation is also given to the rule as a hint, so it can produce it directly). An output
-   that overwrites state in place keeps that state's spec.
+   that overwrites state in place keeps that state's spec. A gradient `<v>.grad` is hinted
+   to come out laid out like `v` (replicated where `v` is partial).
+   Rules also get input hints (`RuleContext.input_hints`): an annotated source is pinned on
+   its annotated mesh axes (unless its annotation says `pin=False`: FSDP gathers parameters
+   before use), and a backward op reads the tensors its forward op read (autograd's saved
+   tensors) in the spec the forward op read them in, so the backward mirrors the forward; a
+   recomputed op (`shardlab.recompute`) replays its forward op in the same layout.
 3. A backward step: a value produced by an unconstrained op (no inputs, or only free source
    inputs) takes the spec its first consumer requires, and the forward pass runs again,
    until nothing changes.
@@ -19,9 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardlab.autodiff import forward_op_of, gradient_of
 from shardlab.errors import PlacementError, ShardlabError
-from shardlab.ir import SOURCE_KINDS, Graph, Op, ValueKind
-from shardlab.placement import DistSpec, Placement, Replicate, check_placements
+from shardlab.ir import SOURCE_KINDS, Graph, Op, OpRole, ValueKind
+from shardlab.placement import DistSpec, Partial, Placement, Replicate, check_placements
+from shardlab.recompute import kept_name
 from shardlab.spmd.engine import infer
 from shardlab.spmd.result import RuleResult
 from shardlab.strategy import Annotation, Strategy, StrategyError, match_values
@@ -173,10 +181,13 @@ def _forward(
             ]
     rules: dict[str, RuleResult] = {}
     arriving: dict[str, tuple[DistSpec, ...]] = {}
+    pins = _pins(graph, constraints, mesh.ndim)
     for op in graph.ops:
         in_specs = [specs.get(v) for v in op.inputs]
-        hints = [_hint(graph, constraints, backward, v, mesh.ndim) for v in op.outputs]
+        hints = [_hint(graph, constraints, backward, specs, v, mesh.ndim) for v in op.outputs]
         inplace = _inplace(graph, op)
+        saved = _saved_specs(graph, op, rules, specs)
+        in_hints = [saved[v].placements if v in saved else pins.get(v) for v in op.inputs]
         try:
             rule = infer(
                 op.kind,
@@ -186,6 +197,8 @@ def _forward(
                 mesh,
                 hints,
                 inplace,
+                in_hints,
+                [_deferrable(graph, v) for v in op.outputs],
             )
         except ShardlabError as exc:
             raise type(exc)(f"op {op.name!r} ({op.kind}): {exc.message}", op=op.name) from None
@@ -264,15 +277,64 @@ def _hint(
     graph: Graph,
     constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
     backward: dict[str, DistSpec],
+    specs: dict[str, DistSpec],
     name: str,
     ndim: int,
 ) -> tuple[Placement | None, ...] | None:
+    """The placements an output should come out in: a backward-step request, its
+    annotation, or - for a gradient `<v>.grad` - the layout of `v`."""
     if name in backward:
         return backward[name].placements
-    slot = constraints.get(name)
-    if not slot:
-        return None
-    return tuple(slot[k][0] if k in slot else None for k in range(ndim))
+    slot = constraints.get(name) or constraints.get(kept_name(name))
+    if slot:  # a recomputed value is laid out like the value it replays
+        return tuple(slot[k][0] if k in slot else None for k in range(ndim))
+    base = gradient_of(name)
+    if base is not None and base in specs and graph.value(name).kind == ValueKind.GRAD:
+        return tuple(None if isinstance(p, Partial) else p for p in specs[base].placements)
+    return None
+
+
+#: Sums: their rules take partial inputs together and count one reduction of the result.
+PASS_PARTIAL = frozenset({"add", "sub"})
+
+
+def _deferrable(graph: Graph, name: str) -> bool:
+    """True when every consumer of `name` is a sum, which reduces partial inputs together
+    (gradient contributions summed into one gradient, a residual add)."""
+    consumers = graph.consumers(name)
+    return bool(consumers) and all(op.kind in PASS_PARTIAL for op in consumers)
+
+
+def _pins(
+    graph: Graph, constraints: dict[str, dict[int, tuple[Placement, Annotation]]], ndim: int
+) -> dict[str, tuple[Placement | None, ...]]:
+    """Per annotated source value, the placements its pinning annotations fix, by mesh axis."""
+    out: dict[str, tuple[Placement | None, ...]] = {}
+    for name, slot in constraints.items():
+        if graph.producer(name) is not None:
+            continue
+        fixed = tuple(slot[k][0] if k in slot and slot[k][1].pin else None for k in range(ndim))
+        if any(p is not None for p in fixed):
+            out[name] = fixed
+    return out
+
+
+def _saved_specs(
+    graph: Graph, op: Op, rules: dict[str, RuleResult], specs: dict[str, DistSpec]
+) -> dict[str, DistSpec]:
+    """For a backward op, the specs in which its forward op read its inputs, and the specs
+    of the forward op's outputs: the layout of the tensors autograd saves for it."""
+    if op.role != OpRole.BACKWARD:
+        return {}
+    forward = forward_op_of(op.name)
+    rule = rules.get(forward) if forward is not None else None
+    if forward is None or rule is None:
+        return {}
+    fwd = graph.op(forward)
+    saved = dict(zip(fwd.inputs, rule.input_specs, strict=True))
+    for v in fwd.outputs:
+        saved.setdefault(v, specs[v])
+    return {v: saved[kept_name(v)] for v in op.inputs if kept_name(v) in saved}
 
 
 def _inplace(graph: Graph, op: Op) -> list[int | None]:

@@ -16,9 +16,10 @@ import math
 
 from shardlab.ir import DTYPE_BYTES, TensorType
 from shardlab.placement import DistSpec, Partial, Placement, Replicate, Shard, local_shape
+from shardlab.reshard import LATENCY_BYTES
 
-#: Fixed cost of launching one collective, in byte-equivalents (~5 us at ~13 GB/s).
-LATENCY_BYTES = 65536.0
+__all__ = ["FLOPS_PER_BYTE", "LATENCY_BYTES", "axis_cost", "local_bytes", "spec_cost"]
+
 #: Compute expressed in bytes moved in the same time: ~1 PFLOP/s of dense bf16 against
 #: ~450 GB/s of NVLink on an H100 node. Replicating an op costs its FLOPs / this.
 FLOPS_PER_BYTE = 2000.0

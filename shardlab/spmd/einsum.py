@@ -6,23 +6,33 @@ op. `_` marks a dim that is never sharded (a broadcast or kept size-1 dim).
 
 Policy, per mesh axis in mesh order:
 1. Candidates: every letter some input arrives sharded on along the axis, every letter an
-   output is annotated to be sharded on, `P(op)` when the op passes `op` through (linear
-   ops: sum and avg; max: max) and an input arrives partial (or an output is annotated
-   partial), and `R`. A multilinear op keeps the same single input partial on every axis.
-   Letters that must stay whole, or whose size the axis does not divide, are dropped.
+   output is annotated to be sharded on, every letter an input's hint shards (below), `P(op)`
+   when the op passes `op` through (linear ops: sum and avg; max: max) and an input arrives
+   partial (or an output is annotated partial), and `R`. An input that arrives sharded on a
+   letter the op cannot keep (a letter that must stay whole, or that the axis does not
+   divide) must move anyway, so every letter of that input is a candidate too: an all_to_all
+   onto another dim is often cheaper than gathering it. A multilinear op keeps the same
+   single input partial on every axis. Letters that must stay whole, or whose size the axis
+   does not divide, are dropped.
 2. Each candidate fixes every input's and output's placement on the axis. Its cost is the
    estimated bytes moved to reshard the inputs (`shardlab.spmd.cost`), plus converting
    outputs to their annotation, plus - for a partial output without annotation - the
-   all-reduce that will eventually resolve it. Inputs count their arriving blocks; an
+   all-reduce that will eventually resolve it (unless every consumer is a sum,
+   `RuleContext.deferrable`: a sum of gradient contributions is reduced once, where its
+   own rule counts it). Inputs count their arriving blocks; an
    output's block is estimated from the axes decided so far and, for the later axes, the
    letters the inputs arrive sharded on. Compute counts too: the op's FLOPs per rank,
    converted to bytes at `FLOPS_PER_BYTE`, divided by the axis size only when the
    candidate shards a letter (`R` and `P` repeat the work on every rank of the axis).
-3. The cheapest candidate wins; ties go to a candidate that creates no new partial output
-   (passing an arriving partial through does not count: its all-reduce is only deferred,
-   and a later op may absorb it), then to sharding or passing through over replication,
-   then to a non-partial output, then to the first candidate in input order. The choice is
-   deterministic.
+3. Input hints (`RuleContext.input_hints`: a pinned source's annotation, or the layout in
+   which the forward op read a tensor its backward reads again) are honoured: candidates
+   that would use such an input in another placement - other than by a free local slice of
+   a replicated input - are set aside, unless every candidate would.
+4. The cheapest remaining candidate wins; ties go to a candidate that creates no new partial
+   output (passing an arriving partial through does not count: its all-reduce is only
+   deferred, and a later op may absorb it), then to sharding or passing through over
+   replication, then to a non-partial output, then to the first candidate in input order.
+   The choice is deterministic.
 
 A sharded letter that no output carries is contracted: the outputs become `Partial(op)`,
 with `op` from the signature (`sum` for matmul, `avg` for a mean, `max` for a max).
@@ -61,6 +71,9 @@ class Signature:
     passthrough: frozenset[str] = frozenset({"sum", "avg"})
     #: Local kernel the op needs when a letter is sharded (e.g. vocab-parallel embedding).
     kernels: Mapping[str, str] = field(default_factory=dict)
+    #: Outputs that do not depend on the values of the linear inputs (dropout's mask): a
+    #: candidate that passes a partial input through leaves them replicated, not partial.
+    value_free_outputs: frozenset[int] = frozenset()
 
     @property
     def notation(self) -> str:
@@ -97,13 +110,14 @@ def solve(ctx: RuleContext, sig: Signature) -> RuleResult:
             t.nbytes / _shards(sig.outputs[j], expected) for j, t in enumerate(ctx.output_types)
         ]
         held = {i for i, pl in enumerate(in_pl) if any(isinstance(p, Partial) for p in pl)}
-        cands = _candidates(ctx, sig, k, n, parts, in_bytes, held)
+        cands = _candidates(ctx, sig, k, n, parts, in_bytes, held, set(expected))
         work = flops / _shards("".join(parts), parts) / FLOPS_PER_BYTE
         for cand in cands:
             cand.cost = _cost(ctx, k, n, cand, in_bytes, out_bytes)
             cand.cost += work / n if _splits_work(cand) else work
+        pool = [c for c in cands if honours_hints(ctx, k, n, c.inputs, in_bytes)] or cands
         best = min(
-            cands,
+            pool,
             key=lambda c: (
                 round(c.cost, 6),
                 _new_partial(c),
@@ -129,6 +143,24 @@ def solve(ctx: RuleContext, sig: Signature) -> RuleResult:
         kernel=kernels.pop() if kernels else "default",
         choices=tuple(choices),
     )
+
+
+def honours_hints(
+    ctx: RuleContext, k: int, n: int, inputs: list[Placement], in_bytes: list[float]
+) -> bool:
+    """True when using the inputs in `inputs` on mesh axis k keeps every input hint: the
+    hinted placement itself, or a free change of an input that arrives as hinted (a local
+    slice of a replicated input)."""
+    for i, need in enumerate(inputs):
+        want = ctx.input_hint_at(i, k)
+        if want is None or need == want:
+            continue
+        spec = ctx.input_specs[i]
+        src = spec.placements[k] if spec is not None else None
+        if src == want and axis_cost(in_bytes[i], n, src, need) == 0.0:
+            continue
+        return False
+    return True
 
 
 def _splits_work(cand: _Candidate) -> bool:
@@ -186,19 +218,26 @@ def _candidates(
     parts: dict[str, int],
     in_bytes: list[float],
     held: set[int],
+    taken: set[str],
 ) -> list[_Candidate]:
+    """The candidates of mesh axis k (module docstring, step 1); `taken` holds the letters
+    other mesh axes shard, which an input that must move anyway avoids on a tie."""
     proposals: list[tuple[str, int | None]] = []
+    stuck: list[int] = []  # inputs arriving sharded on a letter the op cannot keep
     for i, spec in enumerate(ctx.input_specs):
-        p = spec.placements[k] if spec is not None else None
-        if isinstance(p, Shard):
-            proposals.append((sig.inputs[i][p.dim], i))
-        elif (
-            isinstance(p, Partial)
-            and p.op in sig.passthrough
-            and sig.linearity != "none"
-            and sig.is_linear_in(i)
-        ):
-            proposals.append((f"P({p.op})", i))
+        for p in (spec.placements[k] if spec is not None else None, ctx.input_hint_at(i, k)):
+            if isinstance(p, Shard):
+                letter = sig.inputs[i][p.dim]
+                proposals.append((letter, i))
+                if not _keepable(ctx, sig, letter, n, parts):
+                    stuck.append(i)
+            elif (
+                isinstance(p, Partial)
+                and p.op in sig.passthrough
+                and sig.linearity != "none"
+                and sig.is_linear_in(i)
+            ):
+                proposals.append((f"P({p.op})", i))
     for j in range(len(ctx.output_types)):
         p = ctx.hint_at(j, k)
         if isinstance(p, Shard):
@@ -206,6 +245,9 @@ def _candidates(
         elif isinstance(p, Partial) and p.op in sig.passthrough and sig.linearity != "none":
             proposals.append((f"P({p.op})", None))
     proposals.append(("R", None))
+    for i in stuck:
+        letters = sorted(sig.inputs[i], key=lambda letter: letter in taken)
+        proposals += [(letter, i) for letter in letters]
     seen: set[str] = set()
     out: list[_Candidate] = []
     for label, driver in proposals:
@@ -216,11 +258,16 @@ def _candidates(
             out.append(_replicated(ctx, driver))
         elif label.startswith("P("):
             out.append(_partial(ctx, sig, k, label[2:-1], driver, in_bytes, held))
-        elif (
-            label != UNSHARDABLE and label not in sig.whole and _divides(ctx, sig, label, n, parts)
-        ):
+        elif _keepable(ctx, sig, label, n, parts):
             out.append(_letter(ctx, sig, label, driver))
     return out
+
+
+def _keepable(ctx: RuleContext, sig: Signature, letter: str, n: int, parts: dict[str, int]) -> bool:
+    """True when the op can compute with `letter` sharded over n more ranks."""
+    return (
+        letter != UNSHARDABLE and letter not in sig.whole and _divides(ctx, sig, letter, n, parts)
+    )
 
 
 def _replicated(ctx: RuleContext, driver: int | None) -> _Candidate:
@@ -271,7 +318,11 @@ def _partial(
     ins: list[Placement] = [
         Partial(op) if i in keepers else Replicate() for i in range(len(ctx.input_types))
     ]
-    return _Candidate(f"P({op})", ins, [Partial(op)] * len(ctx.output_types), driver)
+    outs: list[Placement] = [
+        Replicate() if j in sig.value_free_outputs else Partial(op)
+        for j in range(len(ctx.output_types))
+    ]
+    return _Candidate(f"P({op})", ins, outs, driver)
 
 
 def _cost(
@@ -290,7 +341,7 @@ def _cost(
         hint = ctx.hint_at(j, k)
         if hint is not None:
             total += axis_cost(out_bytes[j], n, produced, hint)
-        elif isinstance(produced, Partial) and n > 1:
+        elif isinstance(produced, Partial) and n > 1 and not ctx.defers(j):
             total += 2 * out_bytes[j] * (n - 1) / n + LATENCY_BYTES
     return total
 
@@ -306,12 +357,30 @@ def _reason(ctx: RuleContext, sig: Signature, choices: list[AxisChoice]) -> str:
         else:
             contracted = all(c.choice not in out for out in sig.outputs)
             src = f" following input {c.driver}" if c.driver is not None else ""
+            moved = _moved_from(ctx, sig, c, k=ctx.mesh.axis_index(c.axis))
+            if moved is not None:
+                src = (
+                    f": input {c.driver} arrives sharded on '{moved}', which the op cannot "
+                    "keep, and moving it there costs less than gathering it"
+                )
             what = f"shards '{c.choice}'{src}"
             if contracted:
                 op = sig.contraction.get(c.choice, "sum")
                 what += f"; '{c.choice}' is contracted, so outputs are Partial({op})"
             parts.append(f"{c.axis}: {what}")
     return f"{ctx.kind} [{sig.notation}]: " + "; ".join(parts)
+
+
+def _moved_from(ctx: RuleContext, sig: Signature, c: AxisChoice, k: int) -> str | None:
+    """The letter the driving input arrives sharded on when the choice moved it elsewhere."""
+    if c.driver is None or ctx.input_specs[c.driver] is None:
+        return None
+    spec = ctx.input_specs[c.driver]
+    assert spec is not None
+    p = spec.placements[k]
+    if isinstance(p, Shard) and sig.inputs[c.driver][p.dim] != c.choice:
+        return sig.inputs[c.driver][p.dim]
+    return None
 
 
 def broadcast_letters(types: list[TensorType], out_rank: int, letters: str) -> list[str]:

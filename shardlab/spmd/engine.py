@@ -30,11 +30,15 @@ def infer(
     mesh: Mesh,
     output_hints: Sequence[DistSpec | Sequence[Placement | None] | None] = (),
     inplace: Sequence[int | None] = (),
+    input_hints: Sequence[DistSpec | Sequence[Placement | None] | None] = (),
+    deferrable: Sequence[bool] = (),
 ) -> RuleResult:
     """The RuleResult of applying `kind` to inputs that arrive in `input_specs`.
 
     A None spec is a value whose placement is still free. Specs that do not fit their input
-    raise PlacementError naming the input.
+    raise PlacementError naming the input. `input_hints` are the placements inputs must be
+    used in where that is decided elsewhere (`RuleContext.input_hints`); `deferrable` says
+    per output whether its consumers pass a partial value through.
     """
     if len(input_specs) != len(input_types):
         raise PlacementError(
@@ -55,6 +59,8 @@ def infer(
         attrs=dict(attrs),
         output_hints=tuple(_hint(h) for h in output_hints),
         inplace=tuple(inplace),
+        input_hints=tuple(_hint(h) for h in input_hints),
+        deferrable=tuple(deferrable),
     )
     rule, _ = rule_for(kind)
     return rule(ctx)

@@ -77,12 +77,34 @@ class RuleContext:
     output_hints: tuple[tuple[Placement | None, ...] | None, ...] = ()
     #: For each output, the index of the input it overwrites in place (state updates), or None.
     inplace: tuple[int | None, ...] = ()
+    #: Per input, the placement per mesh axis it must be used in where that is decided
+    #: elsewhere (None where free): the annotation of a pinned source (a tensor-parallel
+    #: weight is never gathered), or the spec in which the forward op read a tensor that its
+    #: backward reads again (autograd's saved tensors keep their forward layout). Rules honour
+    #: them when some choice can; `honours_hints` says whether a choice does.
+    input_hints: tuple[tuple[Placement | None, ...] | None, ...] = ()
+    #: Per output, True when every consumer is a sum that takes partial inputs together (a
+    #: sum of gradient contributions, a residual add): its reduction is then counted once,
+    #: where it happens, not estimated here.
+    deferrable: tuple[bool, ...] = ()
 
     def hint_at(self, output: int, axis: int) -> Placement | None:
         """The preferred placement of output `output` on mesh axis `axis`, if any."""
         if output >= len(self.output_hints) or self.output_hints[output] is None:
             return None
         hint = self.output_hints[output]
+        assert hint is not None
+        return hint[axis]
+
+    def defers(self, output: int) -> bool:
+        """True when output `output`'s consumers all reduce partial inputs together."""
+        return output < len(self.deferrable) and self.deferrable[output]
+
+    def input_hint_at(self, i: int, axis: int) -> Placement | None:
+        """The placement input `i` must be used in on mesh axis `axis`, if decided."""
+        if i >= len(self.input_hints) or self.input_hints[i] is None:
+            return None
+        hint = self.input_hints[i]
         assert hint is not None
         return hint[axis]
 

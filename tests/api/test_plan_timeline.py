@@ -44,6 +44,11 @@ def test_stages_and_timeline(client: TestClient, settings: Settings) -> None:
         assert stage["step_time_s"] == passed["step_time_s"]
         assert stage["peak_memory_bytes"] == passed["peak_memory_bytes"]
         assert stage["message"] == passed["message"] and stage["ops"] == passed["ops_after"]
+        # the cost guard: a declined pass keeps the step before it and says why
+        assert stage["declined"] is passed["declined"]
+        assert stage["declined_reason"] == passed["declined_reason"]
+        assert passed["step_time_s"] <= passed["step_before_s"]
+    assert stages[0]["declined"] is False
     last = stages[-1]
     assert last["step_time_s"] == summary["cost"]["step_time_s"]
     assert last["mfu"] == summary["cost"]["mfu"] and last["exposed_comm_s"] >= 0

@@ -32,9 +32,10 @@ def test_a_value_needed_twice_in_one_spec_is_resharded_once() -> None:
         Op("sum", "add", ("a", "b"), ("c",)),
     ]
     program = lower(complete(Graph(values, ops), Strategy.build("tp=2", [], ["x=S(1)"])))
-    gathers = program.collectives()
-    assert [op.comm.kind for op in gathers if op.comm] == ["all_gather"]
-    consumers = {op.name for op in program.ops if gathers[0].outputs[0] in op.inputs}
+    moves = program.collectives()
+    # the softmax dim must be whole: one all_to_all onto dim 0 serves both softmaxes
+    assert [op.comm.kind for op in moves if op.comm] == ["all_to_all"]
+    consumers = {op.name for op in program.ops if moves[0].outputs[0] in op.inputs}
     assert consumers == {"sm1", "sm2"}
 
 

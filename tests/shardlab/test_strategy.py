@@ -43,8 +43,8 @@ def test_templates_resolve_to_axes() -> None:
     s = Strategy.build("dp=2,tp=4", ["dp", "megatron_tp", "fsdp:tp"])
     assert [str(t) for t in s.templates] == ["dp:dp", "megatron_tp:tp", "fsdp:tp"]
     assert [str(t) for t in Strategy.build("x=2", ["dp"]).templates] == ["dp:x"]
-    with pytest.raises(StrategyError, match=r"unknown template 'zero3'; known templates: dp"):
-        Strategy.build("dp=2", ["zero3"])
+    with pytest.raises(StrategyError, match=r"unknown template 'zero4'; known templates: dp"):
+        Strategy.build("dp=2", ["zero4"])
     with pytest.raises(StrategyError, match=r"template 'megatron_tp' needs a mesh axis.*a, b"):
         Strategy.build("a=2,b=2", ["megatron_tp"])
     with pytest.raises(StrategyError, match=r"unknown mesh axis 'pp'"):

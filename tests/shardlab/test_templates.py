@@ -38,10 +38,10 @@ def test_megatron_writes_column_row_vocab_and_residual() -> None:
 
 def test_fsdp_picks_a_dim_that_still_divides_after_tp() -> None:
     mesh = Mesh((2, 4), ("dp", "tp"))
-    graph = build_model("llama3-8b", {**SMALL, "hidden": 8, "heads": 2, "kv_heads": 1, "ffn": 16})
+    graph = build_model("llama3-8b", {**SMALL, "hidden": 8, "heads": 4, "kv_heads": 1, "ffn": 16})
     uses = (TemplateUse("megatron_tp", "tp"), TemplateUse("fsdp", "dp"))
     anns = _by_pattern(template_annotations(graph, mesh, uses))
     # o_proj.weight [8, 8] is S(0) on tp (4): dim 0 still divides by 2*4 -> S(0) on dp too
     assert anns["layers.0.attn.o_proj.weight"].placements == (("dp", Shard(0)),)
-    # k_proj.weight [8, 4] is S(1) on tp; dim 0 (8) divides by 2 -> S(0)
+    # k_proj.weight [8, 2] is replicated on tp (1 kv head for 4 ranks); dim 0 (8) divides by 2
     assert anns["layers.0.attn.k_proj.weight"].placements == (("dp", Shard(0)),)

@@ -15,20 +15,23 @@ N = 8  # data-parallel ranks
 @pytest.mark.parametrize(
     ("templates", "expected"),
     [
-        (["dp"], {"parameters": 2, "gradients": 2, "optimizer_state": 12}),  # 16
-        (["dp", "zero1"], {"parameters": 2, "gradients": 2, "optimizer_state": 12 / N}),  # 4+12/N
-        (["dp", "zero2"], {"parameters": 2, "gradients": 2 / N, "optimizer_state": 12 / N}),
+        (["dp"], {"parameters": 2, "gradients": 4, "optimizer_state": 12}),  # 18
+        (["dp", "zero1"], {"parameters": 2, "gradients": 4, "optimizer_state": 12 / N}),  # 6+12/N
+        (["dp", "zero2"], {"parameters": 2, "gradients": 4 / N, "optimizer_state": 12 / N}),
         (
             ["dp", "fsdp", "zero2"],
-            {"parameters": 2 / N, "gradients": 2 / N, "optimizer_state": 12 / N},
+            {"parameters": 2 / N, "gradients": 4 / N, "optimizer_state": 12 / N},
         ),
+        (["dp", "zero3"], {"parameters": 2 / N, "gradients": 4 / N, "optimizer_state": 12 / N}),
     ],
 )
-def test_model_state_bytes_per_param_follow_the_zero_paper(
+def test_model_state_bytes_per_param_follow_megatron_accounting(
     templates: list[str], expected: dict[str, float]
 ) -> None:
-    """Rajbhandari et al. (ZeRO), mixed-precision AdamW: 2 + 2 + 12 bytes per parameter;
-    stage 1 divides the 12 by N, stage 2 also the gradient's 2, stage 3 (FSDP) all 16."""
+    """Megatron-LM's mixed-precision AdamW: bf16 params (2), fp32 main gradients (4), fp32
+    master params and moments (12): 18 bytes per parameter. The distributed optimizer (ZeRO-1)
+    divides the 12 by N (Megatron's 6 + 12/N), ZeRO-2 also the gradients' 4, ZeRO-3 / FSDP
+    all 18 (Rajbhandari et al.'s stages with fp32 gradients)."""
     graph = build_model("llama3-8b", {"layers": 2, "dtype": "bfloat16"})
     plan = build_plan(graph, Strategy.build(f"dp={N}", templates), cluster="h100-sxm-1x8")
     assert plan.cost is not None

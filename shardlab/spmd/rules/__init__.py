@@ -3,10 +3,12 @@
 from shardlab.spmd.rules import (  # noqa: F401
     attention,
     backward,
+    dropout,
     elementwise,
     embedding,
     linalg,
     loss,
+    masked_softmax,
     norm,
     reduce,
     shape,

@@ -13,9 +13,10 @@ from shardlab.ir import TensorType
 from shardlab.ops import attach
 from shardlab.ops.base import attr_int, normalize_dim
 from shardlab.ops.reduce import reduce_dims
-from shardlab.placement import Shard
+from shardlab.placement import DistSpec, Shard
 from shardlab.spmd.einsum import UNSHARDABLE, Signature, broadcast_letters, solve
 from shardlab.spmd.result import InnerComm, RuleContext, RuleResult
+from shardlab.spmd.rules.attention import GRAD_HEAD_KERNEL, cheaper
 
 LETTERS = "abcdefg"
 
@@ -36,6 +37,17 @@ def pointwise_grad_rule(ctx: RuleContext) -> RuleResult:
     return solve(ctx, sig)
 
 
+def main_grad_rule(ctx: RuleContext) -> RuleResult:
+    """The float32 main gradient keeps the 16-bit gradient's placement, partial sums
+    included, so the gradient reduction runs in float32 as Megatron-LM's does."""
+    spec = ctx.input_specs[0] or DistSpec.replicated(ctx.mesh)
+    reason = (
+        f"main_grad: keeps the gradient's placement {spec}; it is reduced as the float32 "
+        "main gradient (Megatron-LM reduces bf16 training's gradients in fp32)"
+    )
+    return RuleResult((spec,), (spec,), reason)
+
+
 def optimizer_rule(ctx: RuleContext) -> RuleResult:
     """Elementwise over (param, grad, state...): each rank updates its own block."""
     letters = LETTERS[: ctx.output_types[0].rank]
@@ -53,10 +65,14 @@ def norm_grad_rule(ctx: RuleContext) -> RuleResult:
 
 
 def attention_grad_rule(ctx: RuleContext) -> RuleResult:
-    """(q, k, v, dy) -> dq, dk, dv over batch and heads; sequences and head dims whole."""
-    sig = Signature(("bshd", "bthd", "bthe", "bshe"), ("bshd", "bthd", "bthe"),
-                    whole=frozenset("stde"))  # fmt: skip
-    return solve(ctx, sig)
+    """(q, k, v, dy) -> dq, dk, dv over batch and heads; sequences and head dims whole.
+    With the kv heads `g` whole and the query heads sharded (fewer kv heads than ranks),
+    dk and dv are partial sums over the ranks sharing a kv head; the cheaper form wins."""
+    shared = Signature(("bshd", "bthd", "bthe", "bshe"), ("bshd", "bthd", "bthe"),
+                       whole=frozenset("stde"))  # fmt: skip
+    alone = Signature(("bshd", "btgd", "btge", "bshe"), ("bshd", "btgd", "btge"),
+                      whole=frozenset("stdeg"), kernels={"h": GRAD_HEAD_KERNEL})  # fmt: skip
+    return cheaper(solve(ctx, shared), solve(ctx, alone))
 
 
 def cross_entropy_grad_rule(ctx: RuleContext) -> RuleResult:
@@ -87,10 +103,12 @@ def cross_entropy_grad_rule(ctx: RuleContext) -> RuleResult:
 
 
 def embedding_grad_rule(ctx: RuleContext) -> RuleResult:
-    """(ids, dy) -> dtable: ids' letters are contracted (a partial sum), H follows dy."""
+    """(ids, dy) -> dtable: ids' letters are contracted (a partial sum), H follows dy; the
+    vocab `v` shards with kernel `embedding_grad_vocab_parallel` (each rank scatter-adds
+    only the ids inside its rows: Megatron's vocab-parallel embedding backward)."""
     ids = ctx.input_types[0]
     lead = LETTERS[: ids.rank]
-    sig = Signature((lead, lead + "h"), ("vh",), whole=frozenset({"v"}))
+    sig = Signature((lead, lead + "h"), ("vh",), kernels={"v": "embedding_grad_vocab_parallel"})
     return solve(ctx, sig)
 
 
@@ -134,6 +152,7 @@ attach("slice_grad", spmd_rule=slice_grad_rule)
 attach("max_grad", spmd_rule=max_grad_rule)
 for _kind in ("relu_grad", "gelu_grad", "silu_grad", "sigmoid_grad", "tanh_grad"):
     attach(_kind, spmd_rule=pointwise_grad_rule)
+attach("main_grad", spmd_rule=main_grad_rule)
 attach("sgd", spmd_rule=optimizer_rule)
 attach("adamw", spmd_rule=optimizer_rule)
 attach("layer_norm_grad", spmd_rule=norm_grad_rule)

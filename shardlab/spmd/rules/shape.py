@@ -94,7 +94,11 @@ def reshape_rule(ctx: RuleContext) -> RuleResult:
     mesh, x, y = ctx.mesh, ctx.input_types[0], ctx.output_types[0]
     groups = view_groups(x.shape, y.shape)
     spec = ctx.input_specs[0]
-    arriving = spec.placements if spec is not None else _from_hint(ctx, groups)
+    base = spec.placements if spec is not None else _from_hint(ctx, groups)
+    # an input hint (the layout the forward op read a saved tensor in) decides where given
+    arriving = tuple(
+        h if (h := ctx.input_hint_at(0, k)) is not None else p for k, p in enumerate(base)
+    )
     nbytes = local_bytes(x, spec)
     driver = 0 if spec is not None else None
     parts: dict[int, int] = {}  # output dim -> shards so far

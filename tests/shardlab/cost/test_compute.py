@@ -19,7 +19,9 @@ from shardlab.cost.compute import (
     ComputeDevice,
     compute_time,
     flops_by_kind,
+    hardware_flops,
     local_types,
+    model_flops,
     op_bytes,
     op_flops,
     program_op_times,
@@ -27,7 +29,7 @@ from shardlab.cost.compute import (
     training_flops,
 )
 from shardlab.errors import ClusterError
-from shardlab.ir import Graph, TensorType, ValueKind
+from shardlab.ir import Graph, OpRole, TensorType, ValueKind
 from shardlab.models import build_model
 from shardlab.ops import op_cost
 from shardlab.plan import Plan, build_plan
@@ -98,10 +100,37 @@ def test_training_flops_match_6nd_plus_attention(llama_training: Graph) -> None:
     assert total == pytest.approx(6 * n * t + 3.5 * a, rel=0.001)
 
 
+def test_model_flops_are_three_forwards_and_hardware_flops_add_recomputation() -> None:
+    """MFU's model FLOPs: 3 x forward (PaLM, Megatron-LM). HFU's hardware FLOPs: what runs,
+    so flash attention's recomputed scores (attention_grad = 2.5x its forward) and any
+    recomputed layer count, the optimizer does not."""
+    model = build_model("llama3-8b", {"layers": 2, "seq": 256, "batch": 2})
+    plain = training_graph(model)
+    forward = sum(
+        op_flops(op.kind, [plain.type_of(v) for v in op.inputs],
+                 [plain.type_of(v) for v in op.outputs], op.attrs)
+        for op in plain.ops if op.role in (OpRole.FORWARD, OpRole.LOSS)
+    )  # fmt: skip
+    assert model_flops(plain) == 3 * forward
+    by_kind = flops_by_kind(plain)
+    assert hardware_flops(plain) == plain.flops() - by_kind["adamw"]
+    # flash attention's backward recomputes the scores: half a forward attention more
+    assert by_kind["attention_grad"] == 5 * by_kind["scaled_dot_product_attention"] // 2
+    full = training_graph(model, recompute="full")
+    layers_forward = sum(
+        op_flops(op.kind, [full.type_of(v) for v in op.inputs],
+                 [full.type_of(v) for v in op.outputs], op.attrs)
+        for op in full.ops if op.name.endswith(".recompute")
+    )  # fmt: skip
+    assert model_flops(full) == model_flops(plain)
+    assert hardware_flops(full) == hardware_flops(plain) + layers_forward > hardware_flops(plain)
+
+
 def test_every_kind_in_the_training_graph_counts_flops(llama_training: Graph) -> None:
-    """Only data movement (views, fills, lookups) has no FLOPs."""
+    """Only data movement (views, fills, lookups, the float32 main-gradient copy) has no
+    FLOPs."""
     zero = {k for k, f in flops_by_kind(llama_training).items() if f == 0}
-    assert zero == {"reshape", "fill", "embedding"}
+    assert zero == {"reshape", "fill", "embedding", "main_grad"}
 
 
 def test_attention_grad_is_two_and_a_half_forwards() -> None:

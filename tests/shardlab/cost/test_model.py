@@ -6,7 +6,7 @@ import pytest
 
 from shardlab.cost.clusters import load_cluster
 from shardlab.cost.comm import step_time
-from shardlab.cost.compute import peak_for, program_op_times, training_flops
+from shardlab.cost.compute import hardware_flops, model_flops, peak_for, program_op_times
 from shardlab.cost.model import cost_program, role_of_ranks, tokens_per_step
 from shardlab.errors import ClusterError
 from shardlab.models import build_model
@@ -29,9 +29,12 @@ def test_step_time_mfu_and_tokens_follow_from_the_timeline() -> None:
     # compute overlapped by comm is stretched by the cluster's overlap slowdown, no more
     busy = cost.timeline.compute_time(0)
     assert sum(compute.values()) <= busy <= sum(compute.values()) * (1 + cluster.overlap_slowdown)
-    flops = training_flops(plan.training)
+    flops = model_flops(plan.training)
     assert cost.model_flops == flops
     assert cost.mfu == pytest.approx(flops / (cost.step_time * 64 * peak_for(cluster, "bfloat16")))
+    # hardware FLOPs add what the backward recomputes (flash attention's scores): HFU > MFU
+    assert cost.hardware_flops == hardware_flops(plan.training) > flops
+    assert cost.hfu == pytest.approx(cost.mfu * cost.hardware_flops / flops)
     assert cost.tokens == tokens_per_step(plan.model) > 0
     assert cost.tokens_per_second == pytest.approx(cost.tokens / cost.step_time)
     # every comm op is timed with the link its group sits on

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 from shardlab.errors import PresetError
@@ -100,6 +102,14 @@ def test_overrides_apply_with_coercion() -> None:
         ("gpt2", {"seq": "2048"}, r"seq \(2048\) exceeds the 1024 learned positions"),
         ("gpt2", {"dtype": "int64"}, r"dtype must be one of bfloat16, float16, float32"),
         ("mlp_demo", {"layers": "2"}, r"mlp_demo has no setting 'layers'"),
+        ("gpt", {"attention": "fast"}, r"attention must be one of flash, eager, got 'fast'"),
+        ("llama3-8b", {"attention": "1"}, r"attention must be one of flash, eager, got '1'"),
+        ("gpt", {"dropout": "1.5"}, r"dropout must be in \[0, 1\), got 1.5"),
+        ("gpt", {"dropout": "-0.1"}, r"dropout must be in \[0, 1\), got -0.1"),
+        ("gpt", {"dropout": "lots"}, r"dropout must be a number, got 'lots'"),
+        ("gpt", {"dropout": True}, r"dropout must be a number, got True"),
+        ("gpt", {"tie_embeddings": "maybe"}, r"tie_embeddings must be true or false"),
+        ("gpt", {"tie_embeddings": 2}, r"tie_embeddings must be true or false"),
     ],
 )
 def test_bad_presets_and_overrides_are_named(
@@ -112,3 +122,71 @@ def test_bad_presets_and_overrides_are_named(
 def test_malformed_override_pair() -> None:
     with pytest.raises(PresetError, match=r"override 'layers' is not of the form key=value"):
         parse_overrides(["layers"])
+
+
+def narayanan_eq2(layers: int, hidden: int, vocab: int, seq: int) -> int:
+    """Narayanan et al. (2021), eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))."""
+    l, h = layers, hidden
+    p = Fraction(12 * l * h * h) * (1 + Fraction(13, 12 * h) + Fraction(vocab + seq, 12 * l * h))
+    assert p.denominator == 1
+    return int(p)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # the default: layers 24, hidden 2048, heads 16, vocab 51200, seq 2048
+        {"layers": 24, "hidden": 2048, "heads": 16, "vocab": 51200, "seq": 2048},
+        {"layers": 4, "hidden": 512, "heads": 8, "vocab": 1000, "seq": 128, "attention": "eager"},
+    ],
+)
+def test_gpt_parameter_count_is_narayanan_eq2(overrides: dict[str, object]) -> None:
+    """Eq. 2 counts each layer's 12h^2 + 13h and the (V + s) h embeddings; it leaves out the
+    final LayerNorm (weight and bias, 2h), which the model has."""
+    tied = build_model("gpt", overrides)
+    cfg = tied.meta["config"]
+    l, h, v, s = cfg["layers"], cfg["hidden"], cfg["vocab"], cfg["seq"]
+    assert cfg["ffn"] == 4 * h and cfg["tie_embeddings"] is True
+    assert tied.num_params() == narayanan_eq2(l, h, v, s) + 2 * h
+    untied = build_model("gpt", {**overrides, "tie_embeddings": "false"})
+    assert untied.num_params() == narayanan_eq2(l, h, v, s) + 2 * h + v * h
+    assert untied.type_of("lm_head.weight").shape == (h, v)
+    assert untied.op("lm_head").kind == "linear"
+
+
+def test_gpt_defaults_and_every_setting() -> None:
+    g = build_model("gpt")
+    assert g.num_params() == 1_317_654_528
+    cfg = g.meta["config"]
+    assert (cfg["family"], cfg["layers"], cfg["hidden"], cfg["heads"], cfg["ffn"]) == (
+        "gpt", 24, 2048, 16, 8192)  # fmt: skip
+    assert (cfg["vocab"], cfg["seq"], cfg["batch"], cfg["dropout"], cfg["attention"]) == (
+        51200, 2048, 8, 0.1, "flash")  # fmt: skip
+    small = build_model("gpt", parse_overrides([
+        "hidden=64", "heads=4", "layers=2", "ffn=96", "vocab=128", "seq=16", "batch=4",
+        "dropout=0.2", "attention=eager", "tie_embeddings=0", "dtype=float32"]))  # fmt: skip
+    cfg = small.meta["config"]
+    assert (cfg["ffn"], cfg["dropout"], cfg["attention"], cfg["tie_embeddings"]) == (
+        96, 0.2, "eager", False)  # fmt: skip
+    assert small.type_of("layers.1.mlp.up_proj.weight").shape == (64, 96)
+    assert build_model("gpt", {"hidden": 256, "heads": 4}).meta["config"]["ffn"] == 1024
+
+
+def test_gpt_positions_follow_seq_where_gpt2_is_refused() -> None:
+    g = build_model("gpt", {"layers": 1, "seq": 4096})
+    assert g.type_of("pos_embed.weight").shape == (4096, 2048)
+    assert g.type_of("tokens").shape == (8, 4096)
+    with pytest.raises(PresetError, match=r"seq \(2048\) exceeds the 1024 learned positions"):
+        build_model("gpt2", {"seq": 2048})
+
+
+def test_boolean_and_choice_settings_parse() -> None:
+    for raw, want in [("true", True), ("1", True), ("False", False), ("0", False), (True, True)]:
+        g = build_model("llama3-8b", {"layers": 1, "tie_embeddings": raw})
+        assert g.meta["config"]["tie_embeddings"] is want
+        assert ("lm_head.weight" in g.values) is not want
+    g = build_model("llama3-8b", {"layers": 1, "attention": "eager", "dropout": "0.1"})
+    assert g.meta["config"]["attention"] == "eager" and g.meta["config"]["dropout"] == 0.1
+    with pytest.raises(PresetError) as err:
+        build_model("gpt", {"attention": "fast"})
+    assert err.value.detail == {"key": "attention"}

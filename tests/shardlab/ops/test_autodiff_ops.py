@@ -138,6 +138,17 @@ def test_embedding_grad_scatter_adds_repeated_ids() -> None:
     assert bounds is not None and bounds([], {"vocab": 6}) == {0: 6}
 
 
+def test_main_grad_is_the_float32_gradient() -> None:
+    g = RNG.standard_normal((3, 4))
+    (got,) = run("main_grad", g)
+    np.testing.assert_array_equal(got, g)
+    assert got is not g
+    out = infer_types("main_grad", [TensorType((3, 4), "bfloat16")], {})
+    assert out == [TensorType((3, 4), "float32")]
+    with pytest.raises(OpSignatureError, match="main_grad needs a floating-point gradient"):
+        infer_types("main_grad", [TensorType((3,), "int64")], {})
+
+
 def test_sgd_matches_torch() -> None:
     p, g = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4))
     (new,) = run("sgd", p, g, lr=0.1, weight_decay=0.01)

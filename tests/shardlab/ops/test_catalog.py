@@ -39,6 +39,11 @@ INDEPENDENTLY_CHECKED = {
     # test_softmax.py
     "softmax",
     "log_softmax",
+    "masked_softmax",
+    "masked_softmax_grad",
+    # test_dropout.py
+    "dropout",
+    "dropout_grad",
     # test_norm.py
     "layer_norm",
     "rms_norm",
@@ -76,6 +81,7 @@ INDEPENDENTLY_CHECKED = {
     "attention_grad",
     "cross_entropy_grad",
     "embedding_grad",
+    "main_grad",
     "sgd",
     "adamw",
     # tests/shardlab/passes/test_data_parallel.py (buffers the passes build)
@@ -113,6 +119,7 @@ def test_families_are_the_modules() -> None:
         "attention",
         "autodiff_ops",
         "buffer_ops",
+        "dropout",
         "elementwise",
         "embedding",
         "linalg",

@@ -65,3 +65,51 @@ def test_flops() -> None:
     x = TensorType((4, 8))
     assert get_op("softmax").flops([x], [x], {}) == 5 * 32
     assert get_op("log_softmax").flops([x], [x], {}) == 5 * 32
+
+
+def _torch_masked(x: torch.Tensor, scale: float, causal: bool, offset: int = 0) -> torch.Tensor:
+    z = x * scale
+    if causal:
+        q, k = x.shape[-2:]
+        above = torch.ones(q, k, dtype=torch.bool).triu(1 + offset)
+        z = z.masked_fill(above, float("-inf"))
+    return torch.softmax(z, -1)
+
+
+@pytest.mark.parametrize(("shape", "scale", "causal"), [((2, 3, 5, 5), 0.4, True),
+                         ((2, 4, 6), 1.0, False), ((3, 7, 7), 2.5, True)])  # fmt: skip
+def test_masked_softmax_and_its_grad_match_torch(
+    shape: tuple[int, ...], scale: float, causal: bool
+) -> None:
+    x, dy = rng.standard_normal(shape) * 3, rng.standard_normal(shape)
+    (y,) = run("masked_softmax", x, scale=scale, causal=causal)
+    t = torch.tensor(x, requires_grad=True)
+    want = _torch_masked(t, scale, causal)
+    np.testing.assert_allclose(y, want.detach().numpy(), **TOL)
+    want.backward(torch.tensor(dy))
+    (dx,) = run("masked_softmax_grad", y, dy, scale=scale)  # from the output alone
+    np.testing.assert_allclose(dx, t.grad.numpy(), **TOL)  # type: ignore[union-attr]
+    if causal:
+        assert np.all(y[..., 0, 1:] == 0) and np.all(dx[..., 0, 1:] == 0)
+
+
+def test_masked_softmax_of_a_query_block_masks_from_its_offset() -> None:
+    from shardlab.ops.softmax import masked_softmax
+
+    x = rng.standard_normal((2, 8, 8))
+    whole = masked_softmax(x, 0.5, True)
+    np.testing.assert_allclose(masked_softmax(x[:, 4:], 0.5, True, query_offset=4), whole[:, 4:])
+
+
+def test_masked_softmax_infer_errors_and_flops() -> None:
+    x = TensorType((2, 4, 4))
+    assert infer_types("masked_softmax", [x], {"scale": 0.5, "causal": True}) == [x]
+    assert infer_types("masked_softmax_grad", [x, x], {"scale": 0.5}) == [x]
+    with pytest.raises(OpSignatureError, match=r"'causal' needs .* as many queries as keys"):
+        infer_types("masked_softmax", [TensorType((2, 4, 5))], {"causal": True})
+    with pytest.raises(OpSignatureError, match="'scale' must be a number"):
+        infer_types("masked_softmax", [x], {"scale": "big"})
+    with pytest.raises(OpSignatureError, match="must have y's type"):
+        infer_types("masked_softmax_grad", [x, TensorType((2, 4, 5))], {})
+    assert get_op("masked_softmax").flops([x], [x], {}) == 6 * 32
+    assert get_op("masked_softmax_grad").flops([x, x], [x], {}) == 5 * 32

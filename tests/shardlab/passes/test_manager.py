@@ -63,3 +63,48 @@ def test_a_plan_keeps_the_cost_of_every_stage(toy: None) -> None:
     assert all(s.cost is not None for s in plan.stages)
     assert plan.summary()["passes"][0]["name"] == "toy"
     assert plan.summary()["passes"][0]["step_time_s"] == plan.stages[1].cost.step_time  # type: ignore[union-attr]
+
+
+def _add_op_copies(program: DistProgram, training: Graph, options: Mapping[str, Any]) -> PassResult:
+    """A toy pass that makes the program longer (slower under `_ops_cost`)."""
+    n = int(options["n"])
+    extra = [dataclasses.replace(op, name=f"{op.name}~{k}") for k, op in enumerate(program.ops[:n])]
+    return PassResult(
+        dataclasses.replace(program, ops=[*program.ops, *extra]), {"message": f"added {n}"}
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpsCost:
+    step_time: float
+
+
+def test_with_a_cost_a_pass_keeps_its_change_only_where_the_step_does_not_grow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = build_plan("mlp_demo", Strategy.build("x=2", ["dp"]), passes=False)
+    monkeypatch.setattr(manager, "PASSES", {})
+    manager.register_pass(Pass("shorter", _drop_last_op, "drop ops", True, {"n": 1}))
+    manager.register_pass(Pass("longer", _add_op_copies, "add ops", True, {"n": 2}))
+    manager.register_pass(Pass("same", _drop_last_op, "drop nothing", True, {"n": 0}))
+    costed: list[int] = []
+
+    def ops_cost(program: DistProgram) -> _OpsCost:
+        costed.append(len(program.ops))
+        return _OpsCost(float(len(program.ops)))
+
+    stages = run_passes(plan.program, plan.training, None, cost=ops_cost)
+    n = len(plan.program.ops)
+    assert [s.name for s in stages] == ["lowered", "shorter", "longer", "same"]
+    assert [len(s.program.ops) for s in stages] == [n, n - 1, n - 1, n - 1]
+    assert [s.cost.step_time for s in stages if s.cost] == [n, n - 1, n - 1, n - 1]
+    longer = stages[2].summary
+    assert longer["declined"] is True and stages[2].program is stages[1].program
+    slower, faster = f"{(n + 1) * 1e3:.1f} ms", f"{(n - 1) * 1e3:.1f} ms"
+    assert (
+        longer["message"]
+        == f"declined: step {slower} > {faster} without it (it would have: added 2)"
+    )
+    assert longer["ops_before"] == longer["ops_after"] == n - 1
+    assert stages[1].summary["declined"] is False and stages[3].summary["declined"] is False
+    assert costed == [n, n - 1, n + 1]  # each program once; the unchanged one is not costed

@@ -356,7 +356,7 @@ def test_check_hazards_is_fast_on_a_full_size_training_program() -> None:
     hazards = check_hazards(plan.program)
     took = time.perf_counter() - start
     print(f"check_hazards: llama3-8b (32 layers) dp=8,tp=8, {n} ops: {took * 1e3:.1f} ms")
-    assert n > 3000 and hazards == []
+    assert n >= 2900 and hazards == []
     assert took < 5.0
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
+from shardlab.ops import get_op
 from shardlab.ops.base import Array
 from shardlab.placement import DistSpec
 from shardlab.runtime.distribute import assemble, distribute, to_local
@@ -227,3 +228,29 @@ def test_distributed_partial_table_through_vocab_kernel_random_split() -> None:
     blocks = run_sharded_op("embedding", {}, rule, types, [TensorType((1, 4, 2))], local)
     got = assemble({r: np.asarray(b[0]) for r, b in blocks.items()}, outs[0], (1, 4, 2))
     np.testing.assert_allclose(got, table[ids], atol=1e-13)
+
+
+@pytest.mark.parametrize("x_spec", ["S(0)S(1)", "S(1)S(0)", "S(2)S(2)", "RS(1)", "S(0)R"])
+def test_dropout_global_index_builds_each_ranks_block_of_the_mask(x_spec: str) -> None:
+    """Each rank computes exactly its part of the one-device mask, bit for bit."""
+    x = rng.standard_normal((2, 6, 8))
+    attrs = {"p": 0.4, "seed": 77}
+    t = TensorType(x.shape)
+    y, mask = run("dropout", "dropout_global_index", [x], [t], [x_spec],
+                  [t, TensorType(x.shape, "bool")], [x_spec, x_spec], attrs)  # fmt: skip
+    impl = get_op("dropout").numpy_impl
+    assert impl is not None
+    want_y, want_mask = impl([x], attrs)
+    np.testing.assert_array_equal(mask, want_mask)
+    np.testing.assert_array_equal(y, want_y)
+
+
+def test_masked_softmax_query_offset_matches_torch_causal() -> None:
+    x = rng.standard_normal((2, 4, 8, 8))
+    t = TensorType(x.shape)
+    for x_spec in ["RS(2)", "S(2)S(2)", "S(1)S(2)", "S(0)S(1)"]:
+        (got,) = run("masked_softmax", "masked_softmax_query_offset", [x], [t], [x_spec], [t],
+                     [x_spec], {"scale": 0.3, "causal": True})  # fmt: skip
+        above = torch.ones(8, 8, dtype=torch.bool).triu(1)
+        want = torch.softmax((torch.from_numpy(x) * 0.3).masked_fill(above, float("-inf")), -1)
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from shardlab.cli import app
 from shardlab.models import build_model
+from shardlab.ops.dropout import block_index, dropout_block
+from shardlab.placement import Replicate
+from shardlab.plan import build_plan
 from shardlab.runtime import kernels
+from shardlab.runtime.reference import run_reference, source_values
+from shardlab.runtime.simulated import global_view, run_simulated
 from shardlab.runtime.verify import verify
 from shardlab.strategy import Strategy
 
@@ -101,9 +107,10 @@ def test_cli_verify_names_a_bad_option(flag: str, value: str, message: str) -> N
     assert message in result.output
 
 
-def test_mixed_precision_master_weights_verify_and_cost_16_bytes_per_param() -> None:
+def test_mixed_precision_master_weights_verify_and_cost_18_bytes_per_param() -> None:
     """bf16 params: float32 master and moments; the step updates the master, the param is its
-    copy; 2 (param) + 2 (grad) + 3 x 4 (master, exp_avg, exp_avg_sq) = 16 bytes/param."""
+    copy; the gradient is a float32 main gradient (Megatron-LM): 2 (param) + 4 (grad) + 3 x 4
+    (master, exp_avg, exp_avg_sq) = 18 bytes/param."""
     graph = build_model("llama3-8b", {**LLAMA, "dtype": "bfloat16"})
     report = verify(graph, Strategy.build("dp=2,tp=2", ["dp", "megatron_tp"]))
     assert report.ok, report.failed()[:3]
@@ -120,4 +127,54 @@ def test_mixed_precision_master_weights_verify_and_cost_16_bytes_per_param() -> 
     grads = {tg.op(f"{p}.adamw").inputs[1] for p in tg.meta["master_weights"].values()}
     grad_bytes = sum(tg.type_of(g).nbytes for g in grads)
     n = graph.num_params()
-    assert params + grad_bytes + sum(v.type.nbytes for v in state) == 16 * n
+    assert params + grad_bytes + sum(v.type.nbytes for v in state) == 18 * n
+
+
+GPT = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 128, "seq": 16, "batch": 4,
+       "dropout": 0.1}  # fmt: skip
+GPT_TEMPLATES = [["dp"], ["dp", "megatron_tp"], ["dp", "megatron_tp", "sequence_parallel"]]
+
+
+@pytest.mark.parametrize("templates", GPT_TEMPLATES, ids="+".join)
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_small_gpt_with_dropout_training_step(
+    templates: list[str], attention: str, dtype: str
+) -> None:
+    """Every value (dropout masks included) against one device. In float32 the step is SGD:
+    AdamW divides by sqrt(exp_avg_sq), so a gradient that is zero in exact arithmetic
+    (k_proj.bias: the softmax ignores a per-query shift of the scores) turns float32
+    rounding noise into a +-lr update whose sign differs between the two runs."""
+    model = build_model("gpt", {**GPT, "attention": attention})
+    optimizer = "sgd" if dtype == "float32" else "adamw"
+    report = verify(model, Strategy.build("dp=2,tp=2", templates), compute_dtype=dtype,
+                    optimizer=optimizer)  # fmt: skip
+    assert report.ok, (report.first_divergence, report.failed()[:3])
+    assert report.summary["compared"] >= 1 + 2 * 33  # loss, grad and new value of 33 params
+
+
+def test_sharded_dropout_masks_equal_the_one_device_masks_bit_for_bit() -> None:
+    model = build_model("gpt", {**GPT, "attention": "eager"})
+    strategy = Strategy.build("dp=2,tp=2", ["dp", "megatron_tp", "sequence_parallel"])
+    plan = build_plan(model, strategy)
+    env = run_reference(plan.training)
+    blocks = run_simulated(
+        plan.program, {v.name: env[v.name] for v in source_values(plan.training)}, 0
+    )
+    masks = [v for v in plan.training.values if v.endswith(".mask")]
+    assert len(masks) == 7  # embedding + 2 layers x (attention probabilities, attn, mlp)
+    sharded = 0
+    for name in masks:
+        got = global_view(plan.program, blocks, plan.program.values[name])
+        assert got.dtype == bool and np.array_equal(got, env[name]), name
+        sharded += any(p != Replicate() for p in plan.program.specs[name].placements)
+    assert sharded == len(masks)  # every mask is cut across the ranks (batch, heads, seq)
+
+
+def test_a_mask_from_local_indices_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def local_index(kind, xs, attrs, ctx):  # type: ignore[no-untyped-def]
+        return dropout_block(xs[0], attrs, block_index(xs[0].shape, [(0, n) for n in xs[0].shape]))
+
+    monkeypatch.setitem(kernels.KERNELS, "dropout_global_index", local_index)
+    report = verify(build_model("gpt", GPT), Strategy.build("dp=2,tp=2", ["dp", "megatron_tp"]))
+    assert not report.ok and report.first_divergence == "pos_embed.dropout"

@@ -108,11 +108,23 @@ def test_sdpa_heads_sharded_stay_sharded_with_gqa() -> None:
     assert rule.kernel == "default"
 
 
-def test_sdpa_heads_need_to_divide_both_head_counts() -> None:
+def test_sdpa_shards_query_heads_alone_when_the_kv_heads_do_not_divide() -> None:
     mesh = Mesh((4,), ("tp",))
     types = qkv(2, 8, 4, 2, 4, 4)  # 4 query heads, 2 kv heads: 4 ranks cannot split the kv
     rule = infer(SDPA, types, [spec("S(2)", mesh), None, None], {}, mesh)
-    assert str(rule.output_specs[0]) == "R"
+    assert [str(s) for s in rule.input_specs] == ["S(2)", "R", "R"]
+    assert str(rule.output_specs[0]) == "S(2)"
+    assert rule.kernel == "attention_head_offset" and "kv heads are whole" in rule.reason
+    rng = np.random.default_rng(0)
+    check = check_rule(SDPA, types, [spec(t, mesh) for t in ("S(2)", "R", "R")], {}, mesh, rng)
+    assert max(check.max_abs_error) < TOL
+    grad_types = [*types, TensorType((2, 8, 4, 4))]
+    arriving_ = [spec(t, mesh) for t in ("S(2)", "R", "R", "S(2)")]
+    grad = infer("attention_grad", grad_types, arriving_, {}, mesh)
+    assert [str(s) for s in grad.output_specs] == ["S(2)", "P(sum)", "P(sum)"]
+    assert grad.kernel == "attention_grad_head_offset"
+    check = check_rule("attention_grad", grad_types, arriving_, {}, mesh, rng)
+    assert max(check.max_abs_error) < TOL
 
 
 def test_sdpa_causal_query_sequence_uses_the_offset_kernel() -> None:
@@ -132,7 +144,9 @@ def test_sdpa_keeps_kv_sequence_and_head_dims_whole_and_resolves_partials() -> N
     mesh = MESHES[0]
     for text in ("S(1)", "S(3)", "P(sum)"):
         rule = infer(SDPA, types, [None, spec(text, mesh), spec(text, mesh)], attrs, mesh)
-        assert [str(s) for s in rule.input_specs[1:]] == ["R", "R"], text
+        # the kv sequence and head dims never stay sharded (moved onto the batch, or gathered)
+        want = ["R", "R"] if text == "P(sum)" else ["S(0)", "S(0)"]
+        assert [str(s) for s in rule.input_specs[1:]] == want, text
     rule = infer(SDPA, types, [spec("P(sum)", mesh), None, None], attrs, mesh)
     assert str(rule.output_specs[0]) == "R"
 

@@ -140,10 +140,11 @@ def test_transpose_and_permute_move_the_letters() -> None:
 
 
 def test_split_and_slice_keep_their_dim_whole() -> None:
+    # the cut dim arrives sharded: an all_to_all moves it onto a dim no other axis shards
     split = rule("split", ["S(0)S(2)"], {"dim": 2, "sizes": [8, 4, 4]})
-    assert specs(split) == (["S(0)R"], ["S(0)R"] * 3)
+    assert specs(split) == (["S(0)S(1)"], ["S(0)S(1)"] * 3)
     sliced = rule("slice", ["S(1)S(0)"], {"dim": 1, "start": 1, "stop": 3})
-    assert specs(sliced) == (["RS(0)"], ["RS(0)"])
+    assert specs(sliced) == (["S(2)S(0)"], ["S(2)S(0)"])
     assert specs(rule("slice", ["P(sum)S(1)"], {"dim": 2, "start": 0, "stop": 8})) == (
         ["P(sum)S(1)"],
         ["P(sum)S(1)"],
@@ -170,7 +171,9 @@ def test_concat_is_affine_and_keeps_its_dim_whole() -> None:
     assert specs(result) == (["P(sum)R"] * 3, ["P(sum)R"])
     whole = rule("concat", ["S(2)R", "S(1)R"], {"dim": 2}, types)
     assert specs(whole) == (["S(1)R", "S(1)R"], ["S(1)R"])  # dim 2 whole, dim 1 followed
-    assert specs(rule("concat", ["RS(2)", "RR"], {"dim": 2}, types)) == (["RR", "RR"], ["RR"])
+    # the joined dim arrives sharded: moved onto dim 0 (the other input slices for free)
+    moved = rule("concat", ["RS(2)", "RR"], {"dim": 2}, types)
+    assert specs(moved) == (["RS(0)", "RS(0)"], ["RS(0)"])
 
 
 def _factor_shapes(draw: st.DrawFn) -> tuple[list[int], list[int]]:

@@ -1,0 +1,437 @@
+"""A pipelined step from unit costs: micro-batches are slots of the schedule, not copies.
+
+`cost_pipeline_slots` takes the lowered program of ONE micro-batch (on the mesh without the
+pipeline axis) and the stage assignment, and:
+
+1. splits it as the pipeline does (`passes.pipeline_split.Split`): every op goes to a model
+   chunk and a phase (forward unit, backward unit, optimizer tail);
+2. costs each stage's units once: the forward and backward unit of each of its chunks and
+   its tail (the optimizer and the gradient reductions it waits for), each on the stage's
+   own ranks with the timeline engine (`cost.timeline.simulate`), so tensor- and data-
+   parallel collectives inside a unit overlap its compute as they do in a flat plan;
+3. prices what crosses stages per micro-batch: a tensor replicated on some mesh axes is sent
+   in as many pieces and gathered on arrival (Megatron-LM's scatter/gather), so each rank
+   sends its share over the inter-stage link;
+4. lays the units out in the schedule's order (`schedule_units`: GPipe, 1F1B, interleaved):
+   a forward waits for the previous chunk's forward of the same micro-batch and its send, a
+   backward for the next chunk's backward; each stage runs one unit at a time. The step ends
+   when the last stage finishes its units and its tail. With equal units and free sends the
+   idle share is exactly (p - 1) / (v m + p - 1) (tests check it);
+5. counts memory per stage as the schedule holds it: the model states of its layers, the
+   activations one micro-batch keeps for the backward per chunk times the micro-batches in
+   flight at the worst moment of the schedule (p - s for stage s of 1F1B: the first stage
+   holds p, Korthikanti et al. 2022), plus the temporaries of one unit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from shardlab.cost.clusters import Cluster, check_mesh_fits
+from shardlab.cost.comm import collective_time, step_time
+from shardlab.cost.compute import (
+    CalibrationTable,
+    hardware_flops,
+    model_flops,
+    program_op_times,
+)
+from shardlab.cost.memory import CATEGORIES, MODEL_STATE, memory_profile
+from shardlab.cost.model import StepFigures, role_of_ranks, tokens_per_step
+from shardlab.cost.timeline import simulate
+from shardlab.ir import DTYPE_BYTES, Graph
+from shardlab.mesh import Mesh
+from shardlab.passes.pipeline_schedule import (
+    PipelineError,
+    bubble_fraction,
+    check_schedule,
+    schedule_units,
+)
+from shardlab.passes.pipeline_split import Split
+from shardlab.passes.pipeline_stages import StageAssignment
+from shardlab.placement import Replicate, local_shape
+from shardlab.program import DistOp, DistProgram
+
+Phase = Literal["F", "B"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """What one rank of a pipeline stage holds at the worst moment of the schedule."""
+
+    model_state: dict[str, int]  # parameters, gradients, optimizer_state of its layers
+    activations_per_microbatch: tuple[int, ...]  # kept for the backward, per local chunk
+    in_flight: tuple[int, ...]  # micro-batches held per local chunk at the peak
+    activations: int  # sum of kept x in flight at the peak
+    temporaries: int  # the largest unit's own temporaries and comm buffers
+    peak_bytes: int
+    capacity_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "peak_bytes": self.peak_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+            "model_state_bytes": dict(self.model_state),
+            "activations_bytes": self.activations,
+            "activations_per_microbatch": list(self.activations_per_microbatch),
+            "in_flight": list(self.in_flight),
+            "temporaries_bytes": self.temporaries,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """One pipeline stage: its ranks and layers, its unit times, when it ends, its memory."""
+
+    stage: int
+    ranks: tuple[int, ...]
+    layers: tuple[int, ...]
+    chunks: tuple[int, ...]  # global model chunks, in local order
+    forward_s: tuple[float, ...]  # per local chunk, one micro-batch
+    backward_s: tuple[float, ...]
+    tail_s: float  # optimizer step and the gradient reductions before it
+    busy_s: float  # the units' time over the step
+    end_s: float  # when its last unit ends (the tail follows)
+    memory: StageMemory
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "ranks": list(self.ranks),
+            "layers": list(self.layers),
+            "chunks": list(self.chunks),
+            "forward_s": list(self.forward_s),
+            "backward_s": list(self.backward_s),
+            "tail_s": self.tail_s,
+            "busy_s": self.busy_s,
+            "end_s": self.end_s,
+            "memory": self.memory.to_json(),
+        }
+
+
+@dataclass
+class PipelineSlotCost(StepFigures):
+    """One pipelined training step: per-stage costs and the schedule's step time."""
+
+    cluster: Cluster
+    schedule: str
+    microbatches: int
+    virtual_stages: int
+    stages: list[StageCost]
+    step: float  # seconds: the last stage's units and tail
+    model_flops: int
+    hardware_flops: int
+    tokens: int
+    dtype: str
+    devices: int
+    #: seconds each micro-batch's sends take per chunk boundary (forward, then backward)
+    p2p_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def step_time(self) -> float:
+        return self.step
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the scheduled part of the step on the busiest stage."""
+        busiest = max(self.stages, key=lambda s: s.busy_s)
+        span = max(s.end_s for s in self.stages)
+        return 1.0 - busiest.busy_s / span if span > 0 else 0.0
+
+    @property
+    def bubble_formula(self) -> float:
+        """(p - 1) / (v m + p - 1): the idle share with equal units and free sends."""
+        return bubble_fraction(self.pp, self.microbatches, self.virtual_stages)
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(s.memory.peak_bytes for s in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        return all(s.memory.fits for s in self.stages)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline figures and every stage, JSON-ready."""
+        return {
+            "cluster": self.cluster.name,
+            "schedule": self.schedule,
+            "pp": self.pp,
+            "microbatches": self.microbatches,
+            "virtual_stages": self.virtual_stages,
+            "step_time_s": self.step_time,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "tokens_per_s": self.tokens_per_second,
+            "model_flops": self.model_flops,
+            "hardware_flops": self.hardware_flops,
+            "bubble_fraction": self.bubble_fraction,
+            "bubble_formula": self.bubble_formula,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_capacity_bytes": self.cluster.hbm_bytes,
+            "fits": self.fits,
+            "p2p_s": dict(self.p2p_s),
+            "stages": [s.to_json() for s in self.stages],
+        }
+
+
+def cost_pipeline_slots(
+    program: DistProgram,
+    training: Graph,
+    assignment: StageAssignment,
+    mesh: Mesh,
+    cluster: Cluster,
+    *,
+    schedule: str = "1f1b",
+    microbatches: int = 1,
+    axis: str = "pp",
+    table: CalibrationTable | None = None,
+) -> PipelineSlotCost:
+    """The step of `program` (one micro-batch, lowered on `mesh` without `axis`) pipelined
+    over `axis` with `schedule` (module docstring)."""
+    pp, v = assignment.pp, assignment.virtual_stages
+    check_schedule(schedule, pp, microbatches, v)
+    check_mesh_fits(mesh, cluster)
+    split = Split(program, training, assignment, 1, axis)
+    units: dict[tuple[int, str], list[int]] = {}
+    tails: dict[int, list[int]] = {}
+    for i, place in split.place.items():
+        if place.phase == "O":
+            tails.setdefault(split.stage(i), []).append(i)
+        else:
+            units.setdefault((place.chunk, place.phase), []).append(i)
+    times = {}
+    for (chunk, phase), indices in units.items():
+        sub = mesh.submesh(axis, assignment.stage_of_chunk(chunk))
+        times[(chunk, phase)] = _fragment_time(program, sorted(indices), sub, cluster, table)
+    p2p = _p2p_times(program, split, mesh, axis, cluster)
+    orders = [schedule_units(schedule, pp, s, microbatches, v) for s in range(pp)]
+    ends, busy = _run_schedule(orders, pp, v, times, p2p)
+    stages = []
+    for s in range(pp):
+        sub = mesh.submesh(axis, s)
+        tail = _fragment_time(program, sorted(tails.get(s, [])), sub, cluster, table)
+        chunks = tuple(assignment.chunks_of_stage(s))
+        stages.append(
+            StageCost(
+                stage=s,
+                ranks=tuple(sub.ranks),
+                layers=tuple(assignment.layers_of_stage(s)),
+                chunks=chunks,
+                forward_s=tuple(times.get((c, "F"), 0.0) for c in chunks),
+                backward_s=tuple(times.get((c, "B"), 0.0) for c in chunks),
+                tail_s=tail,
+                busy_s=busy[s],
+                end_s=ends[s],
+                memory=_stage_memory(program, training, split, s, orders[s], chunks, cluster),
+            )
+        )
+    dtypes = Counter(training.type_of(x).dtype for op in training.ops for x in op.outputs)
+    floats = [d for d, _ in dtypes.most_common() if d.startswith(("float", "bfloat"))]
+    return PipelineSlotCost(
+        cluster=cluster,
+        schedule=schedule,
+        microbatches=microbatches,
+        virtual_stages=v,
+        stages=stages,
+        step=max(st.end_s + st.tail_s for st in stages),
+        model_flops=model_flops(training) * microbatches,
+        hardware_flops=hardware_flops(training) * microbatches,
+        tokens=tokens_per_step(training) * microbatches,
+        dtype=floats[0] if floats else "float32",
+        devices=mesh.size,
+        p2p_s={f"{a}->{b} {ph}": t for (a, b, ph), t in sorted(p2p.items())},
+    )
+
+
+def _fragment_time(
+    program: DistProgram,
+    indices: Sequence[int],
+    mesh: Mesh,
+    cluster: Cluster,
+    table: CalibrationTable | None,
+) -> float:
+    """Seconds the ops `indices` of `program` take on `mesh`'s ranks, run on their own
+    (dependencies on ops outside them are met when they start)."""
+    if not indices:
+        return 0.0
+    ops = [program.ops[i] for i in indices]
+    names = {op.name for op in ops}
+    ops = [replace(op, deps=tuple(d for d in op.deps if d in names)) for op in ops]
+    fragment = DistProgram(mesh, ops, program.types, program.specs, {})
+    compute = program_op_times(fragment, cluster, table)
+
+    def durations(op: DistOp, rank: int) -> float:
+        if op.comm is None:
+            return compute[op.name]
+        return step_time(op.comm, mesh.group_of(rank, op.comm.axis), cluster)
+
+    roles = role_of_ranks(fragment, cluster)
+    timeline = simulate(
+        fragment, durations, overlap_slowdown=cluster.overlap_slowdown, role_of=roles.__getitem__
+    )
+    return timeline.step_time
+
+
+def _p2p_times(
+    program: DistProgram, split: Split, mesh: Mesh, axis: str, cluster: Cluster
+) -> dict[tuple[int, int, str], float]:
+    """Seconds per micro-batch to send what crosses from chunk a to chunk b in a phase."""
+    nbytes: dict[tuple[int, int, str], list[tuple[str, float]]] = {}
+    sent: set[tuple[str, int]] = set()  # (value, receiving stage): sent once, to its first reader
+    for i, op in enumerate(program.ops):
+        if i in split.free or i not in split.place:
+            continue
+        dst = split.place[i]
+        for value in op.inputs:
+            j = split.producer.get(value)
+            if j is None or j in split.free or split.stage(j) == split.stage(i):
+                continue
+            if (value, split.stage(i)) in sent:
+                continue
+            sent.add((value, split.stage(i)))
+            key = (split.place[j].chunk, dst.chunk, dst.phase)
+            nbytes.setdefault(key, []).append((value, _block_bytes(program, value)))
+    out: dict[tuple[int, int, str], float] = {}
+    for (a, b, phase), values in nbytes.items():
+        sender = mesh.submesh(axis, split.assignment.stage_of_chunk(a))
+        receiver = mesh.submesh(axis, split.assignment.stage_of_chunk(b))
+        pair = (sender.ranks[0], receiver.ranks[0])
+        seconds = 0.0
+        for value, size in values:
+            spread = _replicated_axes(program, value)
+            pieces = math.prod(program.mesh.axis_size(x) for x in spread)
+            seconds += collective_time("send", size / pieces, pair, cluster)
+            if pieces > 1:  # gather the pieces on arrival (Megatron's scatter/gather)
+                seconds += collective_time("all_gather", size, _group(receiver, spread), cluster)
+        out[(a, b, phase)] = seconds
+    return out
+
+
+def _replicated_axes(program: DistProgram, value: str) -> list[str]:
+    """The mesh axes of size > 1 on which `value` is replicated: its ranks there hold the
+    same block, so each sends one piece of it."""
+    spec = program.specs[value]
+    return [
+        name
+        for name, p in zip(spec.mesh.axis_names, spec.placements, strict=True)
+        if isinstance(p, Replicate) and spec.mesh.axis_size(name) > 1
+    ]
+
+
+def _group(mesh: Mesh, axes: Sequence[str]) -> tuple[int, ...]:
+    """The ranks of `mesh` that share rank 0's coordinates on every axis but `axes`."""
+    first = mesh.ranks[0]
+    group = {first}
+    for a in axes:
+        group = {r for g in group for r in mesh.group_of(g, a)}
+    return tuple(sorted(group))
+
+
+def _block_bytes(program: DistProgram, value: str) -> float:
+    t, spec = program.types[value], program.specs[value]
+    return float(math.prod(local_shape(t.shape, spec.mesh, spec.placements)) * DTYPE_BYTES[t.dtype])
+
+
+def _run_schedule(
+    orders: Sequence[Sequence[Any]],
+    pp: int,
+    v: int,
+    times: dict[tuple[int, str], float],
+    p2p: dict[tuple[int, int, str], float],
+) -> tuple[list[float], list[float]]:
+    """When each stage finishes its units, and how long they keep it busy (module doc, 4)."""
+    last = pp * v - 1
+    done: dict[tuple[str, int, int], float] = {}  # (phase, chunk, micro-batch) -> end
+    free = [0.0] * pp
+    busy = [0.0] * pp
+    pcs = [0] * pp
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(pp):
+            while pcs[s] < len(orders[s]):
+                unit = orders[s][pcs[s]]
+                g = unit.chunk * pp + s
+                if unit.phase == "F":
+                    before = ("F", g - 1, unit.microbatch)
+                    hop = p2p.get((g - 1, g, "F"), 0.0)
+                else:
+                    before = (
+                        ("F", g, unit.microbatch) if g == last else ("B", g + 1, unit.microbatch)
+                    )
+                    hop = 0.0 if g == last else p2p.get((g + 1, g, "B"), 0.0)
+                if unit.phase == "F" and g == 0:
+                    ready = 0.0
+                elif before in done:
+                    ready = done[before] + hop
+                else:
+                    break
+                seconds = times.get((g, unit.phase), 0.0)
+                start = max(free[s], ready)
+                free[s] = done[(unit.phase, g, unit.microbatch)] = start + seconds
+                busy[s] += seconds
+                pcs[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - every schedule of pipeline_schedule runs
+            raise PipelineError(f"the schedule cannot run: stages stop at units {pcs}")
+    return free, busy
+
+
+def _stage_memory(
+    program: DistProgram,
+    training: Graph,
+    split: Split,
+    s: int,
+    order: Sequence[Any],
+    chunks: Sequence[int],
+    cluster: Cluster,
+) -> StageMemory:
+    """Stage s's memory over the schedule (module docstring, 5)."""
+    mine = [i for i in sorted(split.place) if split.stage(i) == s]
+    ops = [program.ops[i] for i in mine]
+    names = {op.name for op in ops}
+    ops = [replace(op, deps=tuple(d for d in op.deps if d in names)) for op in ops]
+    made = {x for op in ops for x in op.outputs}
+    values = {k: x for k, x in program.values.items() if x in made}
+    stage_program = DistProgram(program.mesh, ops, program.types, program.specs, values)
+    profile = memory_profile(stage_program, training)
+    pp = split.assignment.pp
+    kept = dict.fromkeys(chunks, 0)
+    for buf in profile.kept_for_backward:
+        chunk = split.assignment.chunk_of_scope(buf.scope)
+        kept[chunk if chunk in kept else chunks[0]] += buf.bytes
+    count = dict.fromkeys(chunks, 0)
+    worst, at_worst = 0, dict(count)
+    for unit in order:
+        g = unit.chunk * pp + s
+        count[g] += 1 if unit.phase == "F" else -1
+        held = sum(count[c] * kept[c] for c in chunks)
+        if held > worst:
+            worst, at_worst = held, dict(count)
+    state = {k: profile.model_state[k] for k in MODEL_STATE}
+    breakdown = profile.breakdown_at_peak
+    temporaries = sum(breakdown[c] for c in CATEGORIES if c in ("temporaries", "comm_buffers"))
+    temporaries += breakdown["inputs"]
+    return StageMemory(
+        model_state=state,
+        activations_per_microbatch=tuple(kept[c] for c in chunks),
+        in_flight=tuple(at_worst[c] for c in chunks),
+        activations=worst,
+        temporaries=temporaries,
+        peak_bytes=sum(state.values()) + worst + temporaries,
+        capacity_bytes=int(cluster.hbm_bytes),
+    )

@@ -1,0 +1,169 @@
+"""The pipelined branch of `build_plan`: a mesh with a `pp` axis splits the layers into stages.
+
+The strategy's option `pipeline` says how (`PipelineOptions`: schedule, micro-batches,
+virtual stages, layer balance). The model is rebuilt for one micro-batch (a preset with
+`batch / microbatches`), its training graph is completed and lowered on the mesh without
+the pipeline axis (every stage runs the same templates on its own ranks), the passes run
+on that one-micro-batch program, and the cost is the schedule's (`cost.pipeline_slots`):
+each stage's units costed once and laid out as slots. With a cluster the cost guard judges
+every pass by that pipelined step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardlab.autodiff import training_graph
+from shardlab.cost.clusters import Cluster
+from shardlab.cost.pipeline_slots import PipelineSlotCost, cost_pipeline_slots
+from shardlab.errors import PresetError
+from shardlab.ir import Graph
+from shardlab.lower import lower
+from shardlab.models.config import OVERRIDABLE
+from shardlab.passes.manager import PASSES, run_passes
+from shardlab.passes.pipeline import stage_strategy
+from shardlab.passes.pipeline_schedule import PipelineError, PipelineOptions
+from shardlab.passes.pipeline_stages import StageAssignment, assign_layers
+from shardlab.program import DistProgram
+from shardlab.spmd.complete import CompletedGraph, complete
+from shardlab.strategy import Strategy
+
+#: The mesh axis a pipeline splits the layers along.
+PIPELINE_AXIS = "pp"
+#: Passes that must not run on the one-micro-batch program of all stages: a bucket would
+#: mix gradients of several stages. They run per stage on the detailed pipeline programs
+#: (`passes.pipeline_passes`); here the gradient reductions stay as lowered, after the
+#: last backward (as Megatron-LM reduced them in 2021).
+STAGE_LOCAL_PASSES = frozenset({"dp_fuse_allreduce", "dp_overlap"})
+
+
+def micro_model(model: Graph, microbatches: int) -> Graph:
+    """The forward graph of one micro-batch: the preset `model` was built from, rebuilt with
+    batch / microbatches (a graph that is not a preset cannot be cut into micro-batches)."""
+    from shardlab.models import build_model
+
+    preset, config = model.meta.get("preset"), model.meta.get("config")
+    batch = int(config.get("batch", 0)) if isinstance(config, Mapping) else 0
+    if not isinstance(preset, str) or not batch:
+        raise PresetError(
+            f"a pipeline (mesh axis {PIPELINE_AXIS!r}) needs a preset model with a batch "
+            f"setting, got graph {model.name!r}",
+            model=model.name,
+        )
+    if batch % microbatches:
+        raise PresetError(
+            f"batch {batch} does not split into {microbatches} micro-batches; use --set "
+            "batch=... or --microbatches ...",
+            batch=batch,
+            microbatches=microbatches,
+        )
+    assert isinstance(config, Mapping)
+    overrides = {k: config[k] for k in OVERRIDABLE if k in config}
+    return build_model(preset, {**overrides, "batch": batch // microbatches})
+
+
+@dataclass
+class PipelineReport:
+    """A pipelined plan's layout and, when costed, its pipelined step (`Plan.pipeline`)."""
+
+    options: PipelineOptions
+    assignment: StageAssignment
+    cost: PipelineSlotCost | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """Schedule, stages (layers, chunks) and, when costed, step, bubble and memory per
+        stage, JSON-ready."""
+        a = self.assignment
+        out: dict[str, Any] = {
+            **self.options.to_json(),
+            "pp": a.pp,
+            "stages": [
+                {"stage": s, "layers": a.layers_of_stage(s), "chunks": a.chunks_of_stage(s)}
+                for s in range(a.pp)
+            ],
+        }
+        if self.cost is not None:
+            out.update(self.cost.summary())
+        return out
+
+
+@dataclass
+class PipelinedBuild:
+    """What the pipelined branch hands back to `build_plan`."""
+
+    micro: Graph
+    training: Graph
+    completed: CompletedGraph
+    report: PipelineReport
+    stages: list[tuple[str, DistProgram, dict[str, Any], PipelineSlotCost | None]]
+
+
+def build_pipelined(
+    model: Graph,
+    strategy: Strategy,
+    *,
+    optimizer: str,
+    lr: float,
+    cluster: Cluster | None,
+    passes: bool,
+    report: Callable[[float, str], None],
+) -> PipelinedBuild:
+    """Training graph of one micro-batch, completion and lowering per stage, passes (under
+    the cost guard of the pipelined step when costed)."""
+    pp = strategy.mesh.axis_size(PIPELINE_AXIS)
+    options = PipelineOptions.from_options(strategy.options, pp)
+    micro = micro_model(model, options.microbatches)
+    report(0.05, "training graph of one micro-batch")
+    training = training_graph(micro, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
+    assignment = _assignment(training, pp, options)
+    report(0.1, "completion")
+    completed = complete(training, stage_strategy(strategy, PIPELINE_AXIS))
+    report(0.4, "lowering")
+    program = lower(completed)
+    cost = None
+    if cluster is not None:
+        cost = functools.partial(
+            cost_pipeline_slots,
+            training=training,
+            assignment=assignment,
+            mesh=strategy.mesh,
+            cluster=cluster,
+            schedule=options.schedule,
+            microbatches=options.microbatches,
+            axis=PIPELINE_AXIS,
+        )
+    config = dict(strategy.options.get("passes") or {}) if passes else {}
+    for name in PASSES:  # the bucket passes would mix the gradients of several stages
+        if not passes or name in STAGE_LOCAL_PASSES:
+            config[name] = False
+
+    def on_pass(n: int, total: int, name: str) -> None:
+        report(0.5 + 0.5 * n / total, f"pass {name}" + (" and the pipeline's cost" if cost else ""))
+
+    raw = run_passes(program, training, config, on_pass, cost)
+    return PipelinedBuild(
+        micro,
+        training,
+        completed,
+        PipelineReport(options, assignment, raw[-1].cost),
+        [(s.name, s.program, s.summary, s.cost) for s in raw],
+    )
+
+
+def _assignment(training: Graph, pp: int, options: PipelineOptions) -> StageAssignment:
+    """Layers per chunk: balanced by FLOPs, or the same count per chunk (Megatron-LM)."""
+    v = options.virtual_stages
+    if options.balance == "flops":
+        return assign_layers(training, pp, v)
+    layers = assign_layers(training, pp, v).chunks[-1][1]
+    k = pp * v
+    if layers % k:
+        raise PipelineError(
+            f"balance 'even' needs the {layers} layers to divide into {k} chunks (pp={pp} x "
+            f"{v} virtual stages)",
+            layers=layers,
+        )
+    return assign_layers(training, pp, v, [layers // k * c for c in range(1, k)])
