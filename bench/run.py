@@ -17,6 +17,7 @@ from bench import (
     bench_pass_guard,
     bench_passes,
     bench_pipeline,
+    bench_recipes,
     bench_ui_graph,
 )
 from bench.common import Section
@@ -27,6 +28,7 @@ BENCHMARKS = [
     bench_lowering,
     bench_passes,
     bench_pass_guard,
+    bench_recipes,
     bench_pipeline,
     bench_api,
     bench_ui_graph,

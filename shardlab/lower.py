@@ -10,8 +10,9 @@ Every serial value has one `_Held` record: where it lives now and every version 
 it so far. One lookup per input finds the program value to read and the op it depends on;
 this keeps the per-op work (and the memory it touches) small and constant.
 
-Versions that communication made during the forward are not reused by the backward: the
-backward reshards again from the value as stored (Megatron's sequence parallelism gathers
+Versions that communication made during the forward are not reused by the backward (local
+slices are: they cost nothing and are smaller than what they were cut from): the backward
+reshards again from the value as stored (Megatron's sequence parallelism gathers
 the norm output again for the weight gradient; FSDP gathers parameters again). A gathered
 copy kept from the forward to the backward would hold memory the recipes free. A version
 made again in the backward is named `<value>@<spec>.bw`.
@@ -29,7 +30,7 @@ from dataclasses import replace
 from shardlab.ir import OpRole, TensorType
 from shardlab.placement import DistSpec
 from shardlab.program import DistOp, DistProgram
-from shardlab.reshard import CommStep, plan_transition
+from shardlab.reshard import COLLECTIVES, CommStep, plan_transition
 from shardlab.scopes import layer_scope
 from shardlab.spmd.complete import CompletedGraph
 
@@ -58,6 +59,8 @@ class _Builder:
         self.types: dict[str, TensorType] = {n: v.type for n, v in done.graph.values.items()}
         self.specs: dict[str, DistSpec] = {}
         self.held: dict[str, _Held] = {}
+        #: versions made by local steps only (slices): kept across the forward/backward
+        self.local: set[str] = set()
 
     def reshard(
         self, serial: str, held: _Held, src: _Version, dst: DistSpec, why: str,
@@ -95,6 +98,8 @@ class _Builder:
             self.types[out] = t
             self.specs[out] = spec
             current, producer = out, name
+        if all(step.kind not in COLLECTIVES for step in steps):
+            self.local.add(current)
         version = held.versions[dst] = (current, producer)
         return version
 
@@ -112,10 +117,14 @@ def _after(spec: DistSpec, step: CommStep) -> DistSpec:
     return DistSpec(spec.mesh, tuple(placements))
 
 
-def _forget_forward_copies(record: _Held, specs: dict[str, DistSpec]) -> None:
-    """Keep only the version a value lives in now; later readers reshard it again."""
-    spec = specs[record.current]
-    record.versions = {spec: record.versions[spec]}
+def _forget_forward_copies(record: _Held, specs: dict[str, DistSpec], local: set[str]) -> None:
+    """Keep the version a value lives in now and those cut from it locally (a slice is
+    smaller and free to keep); readers reshard it again from there."""
+    record.versions = {
+        spec: version
+        for spec, version in record.versions.items()
+        if version[0] == record.current or version[0] in local
+    }
 
 
 def lower(done: CompletedGraph) -> DistProgram:
@@ -131,7 +140,7 @@ def lower(done: CompletedGraph) -> DistProgram:
         if in_forward and op.role == OpRole.BACKWARD:
             in_forward = False
             for record in held.values():
-                _forget_forward_copies(record, specs)
+                _forget_forward_copies(record, specs, b.local)
         rule = done.rules[op.name]
         inputs: list[str] = []
         deps: set[str] = set()

@@ -133,6 +133,7 @@ class Plan:
             "comm_bytes_per_rank": self.program.comm_bytes_per_rank(),
             "fallback_ops": self.completed.fallback_ops(),
             "unmatched_template_patterns": sorted({a.pattern for a in self.completed.unmatched}),
+            "notes": self.completed.notes(),
             "passes": [stage.to_json() for stage in self.stages[1:]],
             **({"cost": self.cost.summary()} if self.cost else {}),
             **({"pipeline": self.pipeline.summary()} if self.pipeline else {}),

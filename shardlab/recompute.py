@@ -87,6 +87,7 @@ def apply_recompute(training: Graph, policy: str) -> Graph:
     for v in replayed:
         new = f"{v}{VALUE_SUFFIX}"
         values[new] = Value(new, training.type_of(v), ValueKind.ACTIVATION)
+    own = {layer: {v for f in region for v in f.outputs} for layer, region in regions.items()}
     ops: list[Op] = []
     started: set[str] = set()
     for op in training.ops:
@@ -94,8 +95,10 @@ def apply_recompute(training: Graph, policy: str) -> Graph:
         if op.role == OpRole.BACKWARD and layer in regions:
             if layer not in started:
                 started.add(layer)
-                ops += [_replay(f, replayed) for f in regions[layer]]
-            op = _reading_replayed(op, {v for f in regions[layer] for v in f.outputs})
+                # a layer replays from its own checkpoint (the kept input), never from another
+                # layer's replay: chained replays would all run at the first backward
+                ops += [_replay(f, own[layer]) for f in regions[layer]]
+            op = _reading_replayed(op, own[layer])
         ops.append(op)
     return Graph(
         values.values(),
@@ -107,7 +110,8 @@ def apply_recompute(training: Graph, policy: str) -> Graph:
 
 
 def _replay(op: Op, replayed: set[str]) -> Op:
-    """Forward op `op` run again in the backward, on recomputed values where it can."""
+    """Forward op `op` run again in the backward, on the recomputed copies of its own
+    layer's values `replayed` and on the kept values otherwise."""
     ins = tuple(f"{v}{VALUE_SUFFIX}" if v in replayed else v for v in op.inputs)
     outs = tuple(f"{v}{VALUE_SUFFIX}" for v in op.outputs)
     return Op(f"{op.name}{OP_SUFFIX}", op.kind, ins, outs, dict(op.attrs), op.scope,

@@ -118,6 +118,8 @@ def megatron_tp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annot
         out.append(_ann(f"layers.*.{module}.bias", axis, Shard(0), "megatron_tp"))
     for module in ROW:
         out.append(_ann(f"layers.*.{module}.weight", axis, Shard(0), "megatron_tp"))
+        # added once, after the partial sums meet (Megatron's RowParallelLinear)
+        out.append(_ann(f"layers.*.{module}.bias", axis, Replicate(), "megatron_tp"))
     out.append(_ann("embed.weight", axis, Shard(0), "megatron_tp"))
     out.append(_ann("lm_head.weight", axis, Shard(1), "megatron_tp"))
     out += [_ann(p, axis, Replicate(), "megatron_tp") for p in RESIDUAL]

@@ -118,7 +118,11 @@ class StrategyCreate(RequestModel):
         default_factory=list, description="Annotations, e.g. ['tokens=dp:S(0)']."
     )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Options, e.g. {'passes': {'dp_overlap': false}}."
+        default_factory=dict,
+        description="Options: 'passes' (e.g. {'dp_overlap': false}), 'optimizer', 'lr', "
+        "'recompute' ('none', 'selective' or 'full': activation recomputation) and, with a "
+        "'pp' mesh axis, 'pipeline' ({'schedule': '1f1b', 'microbatches': 8, "
+        "'virtual_stages': 2, 'balance': 'flops' or 'even'}).",
     )
 
 

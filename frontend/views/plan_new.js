@@ -3,6 +3,7 @@
 import { api, ApiError, followJob } from "../api.js";
 import { Field, clearErrors, errorLine, field, fieldOf, labelled, showError, uid } from "../forms.js";
 import { errorBox, fmtInt, h } from "../ui.js";
+import { pipelinePicker, recomputePicker } from "./training_options.js";
 
 const INLINE = "display: inline; font-weight: normal; margin: 0 .4rem 0 .2rem";
 const GRID = "display: grid; grid-template-columns: max-content max-content 1fr; gap: .35rem 1rem; "
@@ -24,6 +25,8 @@ export function targetOf(err) {
   if (d.annotation !== undefined || /^annotation\b|by annotation\b/.test(msg)) return "annotations";
   if (d.template !== undefined || /^(unknown )?template\b/.test(msg)) return "templates";
   if (err.code === "invalid_pass" || d.passes !== undefined) return "passes";
+  if (d.option === "recompute" || err.code === "invalid_recompute") return "recompute";
+  if (err.code === "invalid_pipeline" || d.option === "pipeline") return "pipeline";
   if (err.code === "invalid_cluster") return d.mesh !== undefined ? "mesh" : "cluster";
   if (err.code === "not_found") return { cluster: "cluster", model: "model" }[d.resource] ?? null;
   if (["invalid_mesh", "invalid_placement"].includes(err.code)) return "mesh";
@@ -216,6 +219,8 @@ export async function render(root, ctx) {
     : [["dp", selected()?.devices ?? 1]], () => update());
   const tpl = templatePicker(templates, (q.get("templates") ?? "").split(",").filter(Boolean));
   const pass = passPicker(passes);
+  const recompute = recomputePicker(q.get("recompute"));
+  const pipeline = pipelinePicker(q);
   const hint = h("p", { class: "muted", id: uid("annotations-hint") },
     "One per line: ", h("code", {}, "glob=S(0)R"), " (one placement per mesh axis) or ",
     h("code", {}, "glob=dp:S(0),tp:R"), " (named axes), e.g. ", h("code", {}, "w0=S(1)"),
@@ -226,7 +231,7 @@ export async function render(root, ctx) {
   const fields = {
     model: field("model", model), cluster: field("cluster", cluster), mesh: mesh.field,
     templates: tpl.field, annotations: field("annotations", annotations), passes: pass.field,
-    name: field("strategy-name", name),
+    recompute: recompute.field, pipeline: pipeline.field, name: field("strategy-name", name),
   };
   const banner = h("div");
   const submit = h("button", { type: "submit" }, "Create plan");
@@ -246,6 +251,7 @@ export async function render(root, ctx) {
     meshStatus.textContent = `mesh ${mesh.text()}: ${shape} = ${fmtInt(n)} devices${verdict ? `, ${verdict}` : ""}`;
     meshStatus.className = c && n > c.devices ? "field-error" : "muted";
     tpl.setAxes(mesh.axes());
+    pipeline.setAxes(mesh.axes());
   }
   // the device count of a cluster typed in: GET /api/clusters/{name}, once typing pauses
   let lookups = 0;
@@ -366,14 +372,17 @@ export async function render(root, ctx) {
     clearErrors(fields, banner);
     const lines = annotations.value.split("\n").map((l) => l.trim()).filter((l) => l && !l.startsWith("#"));
     const passConfig = pass.value();
-    const def = { mesh: mesh.text(), templates: tpl.value(), annotations: lines,
-      options: passConfig ? { passes: passConfig } : {} };
+    const options = passConfig ? { passes: passConfig } : {};
+    if (recompute.value() !== "none") options.recompute = recompute.value();
+    if (pipeline.value()) options.pipeline = pipeline.value();
+    const def = { mesh: mesh.text(), templates: tpl.value(), annotations: lines, options };
     submit.disabled = true;
     try {
       const strategy = await strategyId(def);
       const created = await api("/api/plans", { method: "POST", body: {
         model_id: Number(model.value), strategy_id: strategy, cluster: cluster.value.trim() || null } });
-      ctx.setQuery({ model: model.value, cluster: cluster.value.trim(), mesh: def.mesh });
+      ctx.setQuery({ model: model.value, cluster: cluster.value.trim(), mesh: def.mesh,
+        recompute: recompute.value() === "none" ? "" : recompute.value() });
       await follow(created);
     } catch (err) {
       if (!(err instanceof ApiError)) throw err;
@@ -390,6 +399,8 @@ export async function render(root, ctx) {
     tpl.element,
     labelled("Annotations", annotations, hint, fields.annotations.line),
     pass.element,
+    h("p", {}, ...recompute.element),
+    pipeline.element,
     labelled("Strategy name", name, fields.name.line),
     h("p", {}, submit), banner),
     jobBox);

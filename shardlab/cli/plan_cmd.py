@@ -222,6 +222,7 @@ def _text(s: dict[str, Any]) -> str:
         ]
     if "pipeline" in s:
         lines += pipelined_plan_lines(s["pipeline"])
+    lines += [f"note: {note}" for note in s.get("notes", [])]
     fallbacks = s["fallback_ops"]
     lines.append(
         f"fallback ops: {len(fallbacks)}" + (f" ({', '.join(fallbacks[:5])})" if fallbacks else "")

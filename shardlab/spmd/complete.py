@@ -9,10 +9,12 @@
    that overwrites state in place keeps that state's spec. A gradient `<v>.grad` is hinted
    to come out laid out like `v` (replicated where `v` is partial).
    Rules also get input hints (`RuleContext.input_hints`): an annotated source is pinned on
-   its annotated mesh axes (unless its annotation says `pin=False`: FSDP gathers parameters
-   before use), and a backward op reads the tensors its forward op read (autograd's saved
-   tensors) in the spec the forward op read them in, so the backward mirrors the forward; a
-   recomputed op (`shardlab.recompute`) replays its forward op in the same layout.
+   its annotated mesh axes; where its annotation says `pin=False` (FSDP, ZeRO-3) compute
+   ops use it replicated there (the recipe gathers parameters before use); and a backward
+   op reads the tensors its forward op read (autograd's saved tensors) in the spec the
+   forward op read them in, so the backward mirrors the forward. A recomputed op
+   (`shardlab.recompute`) replays its forward op in the same layout, and its outputs take
+   the placements of the values they replay.
 3. A backward step: a value produced by an unconstrained op (no inputs, or only free source
    inputs) takes the spec its first consumer requires, and the forward pass runs again,
    until nothing changes.
@@ -65,6 +67,11 @@ class CompletedGraph:
     @property
     def mesh(self) -> Any:
         return self.strategy.mesh
+
+    def notes(self) -> list[str]:
+        """What the templates that placed values said a reviewer should know."""
+        return sorted({a.note for slot in self.constraints.values() for _, a in slot.values()
+                       if a.note})  # fmt: skip
 
     def fallback_ops(self) -> list[str]:
         return [op.name for op in self.graph.ops if self.rules[op.name].fallback]
@@ -181,13 +188,15 @@ def _forward(
             ]
     rules: dict[str, RuleResult] = {}
     arriving: dict[str, tuple[DistSpec, ...]] = {}
-    pins = _pins(graph, constraints, mesh.ndim)
+    pins = _pins(graph, constraints, mesh.ndim, use=False)
+    gathers = _pins(graph, constraints, mesh.ndim, use=True)
     for op in graph.ops:
         in_specs = [specs.get(v) for v in op.inputs]
         hints = [_hint(graph, constraints, backward, specs, v, mesh.ndim) for v in op.outputs]
         inplace = _inplace(graph, op)
         saved = _saved_specs(graph, op, rules, specs)
-        in_hints = [saved[v].placements if v in saved else pins.get(v) for v in op.inputs]
+        sources = pins if op.role == OpRole.OPTIMIZER else gathers
+        in_hints = [saved[v].placements if v in saved else sources.get(v) for v in op.inputs]
         try:
             rule = infer(
                 op.kind,
@@ -205,15 +214,15 @@ def _forward(
         rules[op.name] = rule
         for v, have, need in zip(op.inputs, in_specs, rule.input_specs, strict=True):
             if have is None:
-                specs[v] = need
-                decisions[v] = [
-                    Decision(
-                        str(need),
-                        "consumer",
-                        f"free; takes what its first consumer {op.name!r} ({op.kind}) needs",
-                        op.name,
-                    )
-                ]
+                stored = DistSpec(
+                    mesh,
+                    tuple(Replicate() if isinstance(p, Partial) else p for p in need.placements),
+                )
+                detail = f"free; takes what its first consumer {op.name!r} ({op.kind}) needs"
+                if stored != need:  # a value is never stored as partial sums
+                    detail += f" ({need}), replicated where it would be partial"
+                specs[v] = stored
+                decisions[v] = [Decision(str(stored), "consumer", detail, op.name)]
         arriving[op.name] = tuple(specs[v] for v in op.inputs)
         for j, v in enumerate(op.outputs):
             _place_output(graph, op, j, v, rule, inplace, specs, decisions, constraints)
@@ -251,7 +260,7 @@ def _place_output(
                 )
             )
         spec = state
-    slot = constraints.get(name)
+    slot = constraints.get(name) or constraints.get(kept_name(name))  # a replay: as forward
     if slot:
         wanted = _constrained(spec, slot)
         if wanted != spec:
@@ -306,16 +315,23 @@ def _deferrable(graph: Graph, name: str) -> bool:
 
 
 def _pins(
-    graph: Graph, constraints: dict[str, dict[int, tuple[Placement, Annotation]]], ndim: int
+    graph: Graph,
+    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
+    ndim: int,
+    use: bool,
 ) -> dict[str, tuple[Placement | None, ...]]:
-    """Per annotated source value, the placements its pinning annotations fix, by mesh axis."""
+    """Per annotated source value, the placements its annotations fix, by mesh axis: where it
+    is pinned, its annotated placement; where it is not (FSDP, ZeRO-3) and `use` is asked
+    (a compute op, not the optimizer), replicated: the recipe gathers it before use."""
     out: dict[str, tuple[Placement | None, ...]] = {}
     for name, slot in constraints.items():
         if graph.producer(name) is not None:
             continue
-        fixed = tuple(slot[k][0] if k in slot and slot[k][1].pin else None for k in range(ndim))
+        fixed: list[Placement | None] = [None] * ndim
+        for k, (placement, ann) in slot.items():
+            fixed[k] = placement if ann.pin else (Replicate() if use else None)
         if any(p is not None for p in fixed):
-            out[name] = fixed
+            out[name] = tuple(fixed)
     return out
 
 

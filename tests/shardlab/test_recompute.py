@@ -16,6 +16,7 @@ from shardlab.plan import build_plan
 from shardlab.recompute import RecomputeError, apply_recompute, is_recompute
 from shardlab.runtime.reference import run_reference
 from shardlab.runtime.verify import verify
+from shardlab.scopes import layer_scope
 from shardlab.strategy import Strategy, StrategyError
 from tests.shardlab.conftest import SBH
 
@@ -60,6 +61,33 @@ def test_full_replays_every_forward_op_of_each_layer() -> None:
     }
     assert kept == {"embed", "rope.cos", "rope.sin"}
     assert apply_recompute(g, "none") is g
+
+
+def test_full_replays_each_layer_from_its_own_checkpoint() -> None:
+    """A layer's replay reads its kept input (the previous layer's output as the forward made
+    it), never another layer's replay; so it runs right before its own layer's backward, as
+    Megatron-LM's checkpointed layers do, and two layers' replays are never live together."""
+    g = training_graph(build_model("gpt", {**SMALL_GPT, "layers": 3}), recompute="full")
+    for op in g.ops:
+        if is_recompute(op):
+            made_by = {g.producer(v) for v in op.inputs} - {None}
+            assert all(
+                layer_scope(p.scope) == layer_scope(op.scope) for p in made_by if is_recompute(p)
+            )
+    first_replay = {
+        layer: next(i for i, op in enumerate(g.ops) if is_recompute(op) and f"{layer}." in op.scope)
+        for layer in ("layers.0", "layers.1", "layers.2")
+    }
+    last_backward = {
+        layer: max(
+            i
+            for i, op in enumerate(g.ops)
+            if op.role == OpRole.BACKWARD and not is_recompute(op) and f"{layer}." in op.scope
+        )
+        for layer in ("layers.1", "layers.2")
+    }
+    assert last_backward["layers.2"] < first_replay["layers.1"]
+    assert last_backward["layers.1"] < first_replay["layers.0"]
 
 
 def test_unknown_policies_are_named() -> None:

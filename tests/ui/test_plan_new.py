@@ -159,3 +159,29 @@ def test_cancel_a_running_plan(page: Page, server: Server) -> None:
     assert server.api("GET", f"/api/plans/{plan_id}")["status"] == "cancelled"
     # the form's choices are in the URL (a permalink to the same form)
     assert page.url.endswith(f"#/plans/new?model={big}&cluster=h100-sxm-8x8&mesh=dp%3D8%2Ctp%3D8")
+
+
+def test_recomputation_and_a_pipeline_from_the_form(page: Page, server: Server) -> None:
+    """The recompute control and, once the mesh has a pp axis, the pipeline's schedule go into
+    the strategy's options; the built plan reports its memory per pipeline stage."""
+    tiny = model_id(server, "plan-new-tiny", "llama3-8b", TINY_LLAMA)
+    page.goto("/#/plans/new")
+    fill(page, tiny, "h100-sxm-1x4", [("dp", 2), ("tp", 2)], ("dp",))
+    pipeline = page.get_by_role("group", name="Pipeline (mesh axis pp)")
+    expect(pipeline).to_be_hidden()
+    page.get_by_label("Activation recomputation").select_option("selective")
+    fill(page, tiny, "h100-sxm-1x4", [("pp", 2), ("dp", 2)], ("dp",))
+    expect(pipeline).to_be_visible()
+    page.get_by_label("Schedule").select_option("1f1b")
+    page.get_by_label("Micro-batches per step").fill("4")
+    page.get_by_label("Layers per stage").select_option("even")
+    page.get_by_role("button", name="Create plan").click()
+    expect(page).to_have_url(re.compile(r"#/plans/\d+$"), timeout=60_000)
+    plan = server.api("GET", f"/api/plans/{int(page.url.rsplit('/', 1)[1])}")
+    strategy = server.api("GET", f"/api/strategies/{plan['strategy_id']}")
+    assert strategy["options"]["recompute"] == "selective"
+    assert strategy["options"]["pipeline"] == {"schedule": "1f1b", "balance": "even",
+                                               "microbatches": 4}  # fmt: skip
+    stages = plan["summary"]["pipeline"]["stages"]
+    assert [s["layers"] for s in stages] == [[0], [1]]
+    assert [s["memory"]["in_flight"] for s in stages] == [[2], [1]]

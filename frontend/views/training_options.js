@@ -1,0 +1,58 @@
+// The New plan form's training options: activation recomputation, and the pipeline schedule
+// of a mesh with a `pp` axis. Both go into the strategy's `options` (see shardlab.strategy).
+import { field, labelled } from "../forms.js";
+import { h } from "../ui.js";
+
+const RECOMPUTE = [
+  ["none", "none — the backward reads what the forward kept"],
+  ["selective", "selective — replay the attention core (Korthikanti et al. 2022)"],
+  ["full", "full — keep only each layer's input, replay its forward"],
+];
+const SCHEDULES = [["1f1b", "1F1B"], ["interleaved", "interleaved 1F1B"], ["gpipe", "GPipe"]];
+const BALANCES = [["flops", "balanced by FLOPs"], ["even", "the same number of layers (Megatron-LM)"]];
+
+function select(choices, value) {
+  const el = h("select", {}, choices.map(([v, text]) => h("option", { value: v }, text)));
+  el.value = value;
+  return el;
+}
+
+/** The recompute control: `value()` is the policy ("none" when nothing is replayed). */
+export function recomputePicker(initial) {
+  const control = select(RECOMPUTE, initial || "none");
+  const f = field("recompute", control);
+  return {
+    field: f,
+    element: labelled("Activation recomputation", control, f.line),
+    value: () => control.value,
+  };
+}
+
+/** Schedule, micro-batches and layer balance, shown while the mesh has a `pp` axis;
+ * `value()` is the strategy option `pipeline` (null without a pp axis). */
+export function pipelinePicker(query) {
+  const schedule = select(SCHEDULES, query.get("schedule") || "1f1b");
+  const microbatches = h("input", { type: "number", min: 1, step: 1, style: "width: 6rem",
+    value: query.get("microbatches") || "", placeholder: "one per stage" });
+  const balance = select(BALANCES, query.get("balance") || "flops");
+  const f = field("pipeline", schedule, microbatches, balance);
+  const box = h("fieldset", { hidden: true }, h("legend", {}, "Pipeline (mesh axis pp)"),
+    labelled("Schedule", schedule), labelled("Micro-batches per step", microbatches),
+    labelled("Layers per stage", balance), f.line);
+  let on = false;
+  return {
+    field: f,
+    element: box,
+    setAxes(axes) {
+      on = axes.includes("pp");
+      box.hidden = !on;
+    },
+    value() {
+      if (!on) return null;
+      const out = { schedule: schedule.value, balance: balance.value };
+      const m = Number.parseInt(microbatches.value, 10);
+      if (m > 0) out.microbatches = m;
+      return out;
+    },
+  };
+}
