@@ -2,6 +2,7 @@
 // fallback ops, ops per role, verification against one device, the Chrome trace.
 import { api, followJob } from "../api.js";
 import { errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, toast } from "../ui.js";
+import { pipelineSection } from "./plan_pipeline.js";
 
 function figure(label, value, note = "") {
   return h("div", { class: "figure" }, h("div", { class: "muted" }, label),
@@ -17,7 +18,7 @@ function headline(summary) {
   if (cost) {
     figures.unshift(
       figure("Step time", fmtTime(cost.step_time_s), `on ${cost.cluster}`),
-      figure("MFU", fmtPercent(cost.mfu)),
+      figure("MFU", fmtPercent(cost.mfu), `HFU ${fmtPercent(cost.hfu)} (recomputation included)`),
       figure("Tokens / s", fmtInt(Math.round(cost.tokens_per_s))),
       figure("Peak memory / rank", fmtBytes(cost.peak_memory_bytes),
         `${cost.fits ? "fits" : "does NOT fit"} in ${fmtBytes(cost.memory_capacity_bytes)}`),
@@ -121,6 +122,8 @@ export async function render(root, ctx) {
   }
   const s = plan.summary;
   root.append(headline(s));
+  if (s.pipeline) root.append(pipelineSection(s.pipeline));
+  if (s.notes?.length) root.append(h("ul", { "aria-label": "notes" }, s.notes.map((n) => h("li", {}, n))));
   if (s.cost) {
     root.append(h("p", {}, h("a", { href: `/api/plans/${planId}/trace`, download: "" },
       "Download Chrome trace"), h("span", { class: "muted" }, " — open it in Perfetto")));

@@ -185,3 +185,7 @@ def test_recomputation_and_a_pipeline_from_the_form(page: Page, server: Server) 
     stages = plan["summary"]["pipeline"]["stages"]
     assert [s["layers"] for s in stages] == [[0], [1]]
     assert [s["memory"]["in_flight"] for s in stages] == [[2], [1]]
+    table = page.get_by_role("table", name="pipeline stages")
+    expect(table.locator("tbody tr")).to_have_count(2)
+    expect(table.locator("tbody tr").first).to_contain_text("(2)")  # 2 micro-batches in flight
+    expect(page.get_by_role("region", name="pipeline")).to_contain_text("bubble")
