@@ -12,6 +12,7 @@ import numpy as np
 from bench import (
     bench_api,
     bench_completion,
+    bench_fidelity,
     bench_graph_build,
     bench_lowering,
     bench_pass_guard,
@@ -30,6 +31,7 @@ BENCHMARKS = [
     bench_pass_guard,
     bench_recipes,
     bench_pipeline,
+    bench_fidelity,
     bench_api,
     bench_ui_graph,
 ]
