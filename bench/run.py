@@ -12,6 +12,7 @@ import numpy as np
 from bench import (
     bench_api,
     bench_completion,
+    bench_dtensor_parity,
     bench_fidelity,
     bench_graph_build,
     bench_lowering,
@@ -32,6 +33,7 @@ BENCHMARKS = [
     bench_recipes,
     bench_pipeline,
     bench_fidelity,
+    bench_dtensor_parity,
     bench_api,
     bench_ui_graph,
 ]

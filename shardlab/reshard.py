@@ -21,6 +21,9 @@ Legality of a move (checked on every edge, so nesting order is respected):
 - S(d) -> P(sum|avg) is local: the rank zero-pads its shard (scaled by n for avg);
 - every intermediate tuple must divide the shape evenly (`check_placements`).
 
+`transition_cost` is the same search's cost of a path without the steps: the sharding rules
+price their options with it.
+
 Bytes follow the ring formulas of `shardlab.spmd.cost`, with B the block a rank holds before
 the step: all_reduce 2(n-1)/n B, all_gather (n-1)/n (nB), reduce_scatter (n-1)/n B,
 all_to_all (n-1)/n B, local steps 0.
@@ -193,11 +196,20 @@ def _graph(shape: tuple[int, ...], itemsize: int, mesh: Mesh, ops: tuple[str, ..
     return edges
 
 
+@dataclass(frozen=True, slots=True)
+class _Paths:
+    """Dijkstra from one source state: the cheapest last step into each reachable state, and
+    the path's cost (bytes plus `LATENCY_BYTES` per collective)."""
+
+    back: dict[State, tuple[State, CommStep]]
+    cost: dict[State, float]
+
+
 @functools.lru_cache(maxsize=4096)
 def _tree(
     shape: tuple[int, ...], itemsize: int, mesh: Mesh, src: State, ops: tuple[str, ...]
-) -> dict[State, tuple[State, CommStep]]:
-    """Dijkstra from `src` to every state: the cheapest last step into each state."""
+) -> _Paths:
+    """Dijkstra from `src` to every state."""
     edges = _graph(shape, itemsize, mesh, ops)
     numel = {state: _block_numel(shape, mesh, state) or 0 for state in edges}
     start: Cost = (0.0, 0, float(numel[src]))
@@ -221,7 +233,29 @@ def _tree(
                 back[nxt] = (state, step)
                 tick += 1
                 heapq.heappush(heap, (new, tick, nxt))
-    return back
+    return _Paths(back, {state: c[0] for state, c in best.items()})
+
+
+def _partial_ops(src: State, dst: State) -> tuple[str, ...]:
+    return tuple(sorted({p.op for p in (*src, *dst) if isinstance(p, Partial)}))
+
+
+def fits(shape: tuple[int, ...], mesh: Mesh, state: State) -> bool:
+    """True when every rank's block under `state` is whole (each split divides its dim)."""
+    return _block_numel(shape, mesh, state) is not None
+
+
+@functools.lru_cache(maxsize=65536)
+def transition_cost(
+    shape: tuple[int, ...], dtype: str, mesh: Mesh, src: State, dst: State
+) -> float:
+    """What `plan_transition(src -> dst)` costs: bytes per rank plus `LATENCY_BYTES` per
+    collective. The sharding rules price their candidates with it. Unlike
+    `plan_transition` it does not validate its arguments (both states must divide `shape`)."""
+    if src == dst:
+        return 0.0
+    paths = _tree(shape, DTYPE_BYTES[dtype], mesh, src, _partial_ops(src, dst))
+    return paths.cost[dst]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -231,8 +265,7 @@ def _plan(
     """Walk the shortest-path tree from `src` back from `dst`; see the module docstring."""
     if src == dst:
         return ()
-    ops = tuple(sorted({p.op for p in (*src, *dst) if isinstance(p, Partial)}))
-    back = _tree(shape, DTYPE_BYTES[dtype], mesh, src, ops)
+    back = _tree(shape, DTYPE_BYTES[dtype], mesh, src, _partial_ops(src, dst)).back
     if dst not in back:  # pragma: no cover - every pair is reachable through R...R
         raise PlacementError(
             f"no reshard path from {format_placements(src)} to {format_placements(dst)}"

@@ -17,7 +17,7 @@ import numpy as np
 
 from shardlab.errors import ExecutionError
 from shardlab.ops.base import Array
-from shardlab.placement import DistSpec, Partial, local_slices
+from shardlab.placement import DistSpec, Partial, Replicate, local_slices
 
 _REDUCE = {
     "sum": lambda xs: np.sum(xs, axis=0),
@@ -44,17 +44,27 @@ def to_local(full: Array, spec: DistSpec, rank: int) -> Array:
 def distribute(
     full: Array, spec: DistSpec, rng: np.random.Generator | None = None
 ) -> dict[int, Array]:
-    """Every rank's block of `full`; with `rng`, partial values are split at random."""
+    """Every rank's block of `full`; with `rng`, partial values are split at random.
+
+    Replicas stay identical: ranks that differ only along replicated mesh axes receive the
+    same pieces, as every SPMD program keeps them (a rule may rely on it: a product of a
+    value partial on one axis and another partial on a second axis sums to the product).
+    """
     mesh = spec.mesh
     blocks = {r: to_local(full, spec, r) for r in mesh.ranks}
     partial = _partial_axes(spec)
     commuting = len(partial) == 1 or all(op in ("sum", "avg") for _, op in partial)
     if rng is None or full.dtype.kind != "f" or not commuting:
         return blocks
+    split = [a for a, p in enumerate(spec.placements) if not isinstance(p, Replicate)]
     for k, op in partial:
+        pieces: dict[tuple[int, ...], list[Array]] = {}
         for group in mesh.groups(k):
-            base = [blocks[r] for r in group]
-            for r, piece in zip(group, _split(base, op, rng), strict=True):
+            coord = mesh.coord(group[0])
+            key = tuple(coord[a] for a in split if a != k)
+            if key not in pieces:
+                pieces[key] = _split([blocks[r] for r in group], op, rng)
+            for r, piece in zip(group, pieces[key], strict=True):
                 blocks[r] = piece
     return blocks
 

@@ -12,7 +12,9 @@
    its annotated mesh axes; where its annotation says `pin=False` (FSDP, ZeRO-3) compute
    ops use it replicated there (the recipe gathers parameters before use); and a backward
    op reads the tensors its forward op read (autograd's saved tensors) in the spec the
-   forward op read them in, so the backward mirrors the forward. A recomputed op
+   forward op read them in, so the backward mirrors the forward. Rules also learn which
+   other placements an input already exists in (`RuleContext.input_versions`): a copy an
+   earlier consumer of the same phase had made, which the lowering reuses. A recomputed op
    (`shardlab.recompute`) replays its forward op in the same layout, and its outputs take
    the placements of the values they replay.
 3. A backward step: a value produced by an unconstrained op (no inputs, or only free source
@@ -32,6 +34,7 @@ from shardlab.errors import PlacementError, ShardlabError
 from shardlab.ir import SOURCE_KINDS, Graph, Op, OpRole, ValueKind
 from shardlab.placement import DistSpec, Partial, Placement, Replicate, check_placements
 from shardlab.recompute import kept_name
+from shardlab.spmd.cost import reshard_cost
 from shardlab.spmd.engine import infer
 from shardlab.spmd.result import RuleResult
 from shardlab.strategy import Annotation, Strategy, StrategyError, match_values
@@ -190,7 +193,12 @@ def _forward(
     arriving: dict[str, tuple[DistSpec, ...]] = {}
     pins = _pins(graph, constraints, mesh.ndim, use=False)
     gathers = _pins(graph, constraints, mesh.ndim, use=True)
+    copies: dict[str, set[tuple[Placement, ...]]] = {}  # resharded copies the lowering reuses
+    in_forward = True
     for op in graph.ops:
+        if in_forward and op.role == OpRole.BACKWARD:
+            in_forward = False
+            _forget_forward_copies(graph, copies, specs)
         in_specs = [specs.get(v) for v in op.inputs]
         hints = [_hint(graph, constraints, backward, specs, v, mesh.ndim) for v in op.outputs]
         inplace = _inplace(graph, op)
@@ -208,11 +216,14 @@ def _forward(
                 inplace,
                 in_hints,
                 [_deferrable(graph, v) for v in op.outputs],
+                [frozenset(copies.get(v, ())) for v in op.inputs],
             )
         except ShardlabError as exc:
             raise type(exc)(f"op {op.name!r} ({op.kind}): {exc.message}", op=op.name) from None
         rules[op.name] = rule
         for v, have, need in zip(op.inputs, in_specs, rule.input_specs, strict=True):
+            if have is not None and have != need:
+                copies.setdefault(v, set()).add(need.placements)
             if have is None:
                 stored = DistSpec(
                     mesh,
@@ -231,6 +242,16 @@ def _forward(
             specs[value.name] = replicated
             decisions[value.name] = [Decision(str(replicated), "default", "never read: replicated")]
     return CompletedGraph(graph, strategy, specs, rules, arriving, decisions, constraints)
+
+
+def _forget_forward_copies(
+    graph: Graph, copies: dict[str, set[tuple[Placement, ...]]], specs: dict[str, DistSpec]
+) -> None:
+    """As the lowering does when the backward starts: keep only the copies cut from a value
+    locally (a slice; nothing moved), since a gathered copy is not kept for the backward."""
+    for v, kept in copies.items():
+        spec, ttype = specs[v], graph.type_of(v)
+        copies[v] = {p for p in kept if reshard_cost(ttype, spec.mesh, spec.placements, p) == 0}
 
 
 def _place_output(

@@ -4,35 +4,41 @@
 dim 1 is `abc->ac`. Each letter names an index; a mesh axis may shard at most one letter per
 op. `_` marks a dim that is never sharded (a broadcast or kept size-1 dim).
 
-Policy, per mesh axis in mesh order:
-1. Candidates: every letter some input arrives sharded on along the axis, every letter an
-   output is annotated to be sharded on, every letter an input's hint shards (below), `P(op)`
-   when the op passes `op` through (linear ops: sum and avg; max: max) and an input arrives
-   partial (or an output is annotated partial), and `R`. An input that arrives sharded on a
-   letter the op cannot keep (a letter that must stay whole, or that the axis does not
-   divide) must move anyway, so every letter of that input is a candidate too: an all_to_all
-   onto another dim is often cheaper than gathering it. A multilinear op keeps the same
-   single input partial on every axis. Letters that must stay whole, or whose size the axis
-   does not divide, are dropped.
-2. Each candidate fixes every input's and output's placement on the axis. Its cost is the
-   estimated bytes moved to reshard the inputs (`shardlab.spmd.cost`), plus converting
-   outputs to their annotation, plus - for a partial output without annotation - the
-   all-reduce that will eventually resolve it (unless every consumer is a sum,
-   `RuleContext.deferrable`: a sum of gradient contributions is reduced once, where its
-   own rule counts it). Inputs count their arriving blocks; an
-   output's block is estimated from the axes decided so far and, for the later axes, the
-   letters the inputs arrive sharded on. Compute counts too: the op's FLOPs per rank,
-   converted to bytes at `FLOPS_PER_BYTE`, divided by the axis size only when the
-   candidate shards a letter (`R` and `P` repeat the work on every rank of the axis).
+Policy: every mesh axis gets a list of options, and the mesh axes are chosen together (every
+combination of options is priced, so a choice on one axis can shrink what another moves).
+1. Options of a mesh axis: every letter some input arrives sharded on along the axis, every
+   letter an input's hint shards (below), every letter an output is annotated to be sharded
+   on, `P(op)` when the op passes `op` through (linear ops: sum and avg; max: max) and an
+   input arrives partial (or an output is annotated partial), and `R`. An input sharded on
+   the axis may move onto another dim (an all_to_all is often cheaper than a gather), and a
+   partial input the op cannot pass through may be reduce-scattered onto a dim (half the
+   bytes of an all-reduce), so on such an axis every letter of every input is an option
+   too. An axis no input arrives sharded or partial on keeps to `R` and the annotated
+   options: the rule does not split work that nothing asked it to split (DTensor does, for
+   free local slices, and hands its consumers a layout they did not ask for). Letters that
+   must stay whole, or whose size the axis does not divide, are dropped; a combination is
+   valid when each letter divides over all the axes that shard it. `P(op)` keeps all linear
+   inputs of an affine op partial, one input of a multilinear op (different axes may keep
+   different inputs: rank (i, j) computing a_i b_j sums to a b).
+2. A combination fixes every input's and output's placements. Its cost: the reshards of the
+   inputs from their arriving specs, priced as the reshard planner would plan them
+   (`spmd.cost.reshard_cost`: bytes per rank and a latency per collective, all axes
+   together; free where an earlier consumer already made that copy,
+   `RuleContext.input_versions`), plus converting each output to its target (its annotation;
+   for an in-place update, the spec of the state it overwrites; for a partial output without
+   annotation, replicated - the all-reduce that will resolve it - unless every consumer is a
+   sum, `RuleContext.deferrable`: a sum of gradient contributions is reduced once, where its
+   own rule counts it), plus compute: the op's FLOPs per rank (divided by the shards of the
+   letters split), converted to bytes at `FLOPS_PER_BYTE`.
 3. Input hints (`RuleContext.input_hints`: a pinned source's annotation, or the layout in
-   which the forward op read a tensor its backward reads again) are honoured: candidates
-   that would use such an input in another placement - other than by a free local slice of
-   a replicated input - are set aside, unless every candidate would.
-4. The cheapest remaining candidate wins; ties go to a candidate that creates no new partial
-   output (passing an arriving partial through does not count: its all-reduce is only
-   deferred, and a later op may absorb it), then to sharding or passing through over
-   replication, then to a non-partial output, then to the first candidate in input order.
-   The choice is deterministic.
+   which the forward op read a tensor its backward reads again) are honoured: combinations
+   that would use such an input in another placement (replicated and partial count as one:
+   nothing moves between them) are set aside, unless every combination would.
+4. The cheapest remaining combination wins; ties go to fewer bytes moved now (a reduction
+   left for later may be absorbed by a later op), then to no new partial output (passing
+   an arriving partial through does not count), then to fewer letters split by several
+   axes, fewer replicated axes, fewer partial outputs, then to proposal order. The choice
+   is deterministic.
 
 A sharded letter that no output carries is contracted: the outputs become `Partial(op)`,
 with `op` from the signature (`sum` for matmul, `avg` for a mean, `max` for a max).
@@ -40,13 +46,15 @@ with `op` from the signature (`sum` for matmul, `avg` for a mean, `max` for a ma
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from shardlab.ir import TensorType
 from shardlab.ops import get_op
 from shardlab.placement import DistSpec, Partial, Placement, Replicate, Shard
-from shardlab.spmd.cost import FLOPS_PER_BYTE, LATENCY_BYTES, axis_cost, local_bytes
+from shardlab.spmd.cost import FLOPS_PER_BYTE, local_bytes, reshard_cost
 from shardlab.spmd.result import AxisChoice, RuleContext, RuleResult
 
 UNSHARDABLE = "_"
@@ -74,6 +82,10 @@ class Signature:
     #: Outputs that do not depend on the values of the linear inputs (dropout's mask): a
     #: candidate that passes a partial input through leaves them replicated, not partial.
     value_free_outputs: frozenset[int] = frozenset()
+    #: Whether a partial input proposes its letters (a reduce-scatter onto one of them).
+    #: Optimizers say no: the update runs in the layout of the parameter and its states,
+    #: which the strategy decides (zero1 shards them); a partial gradient is reduced into it.
+    scatter_partials: bool = True
 
     @property
     def notation(self) -> str:
@@ -83,121 +95,171 @@ class Signature:
         return self.linear_inputs is None or index in self.linear_inputs
 
 
-@dataclass
-class _Candidate:
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """One mesh axis' choice: the placement of every input and output on that axis."""
+
     label: str  # a letter, "R" or "P(op)"
-    inputs: list[Placement]
-    outputs: list[Placement]
-    driver: int | None
-    cost: float = 0.0
+    inputs: tuple[Placement, ...]
+    outputs: tuple[Placement, ...]
+    driver: int | None  # the input whose placement proposed it, if any
+    honours: bool = True  # keeps every input hint on its axis (`honours_hints`)
+
+    @property
+    def shards(self) -> bool:
+        """A letter divides the op's work among the axis' ranks; R and P do not."""
+        return self.label != "R" and not self.label.startswith("P(")
+
+    @property
+    def new_partial(self) -> bool:
+        """True when it makes outputs partial that no arriving input was partial in."""
+        passthrough = self.label.startswith("P(") and self.driver is not None
+        return not passthrough and any(isinstance(p, Partial) for p in self.outputs)
+
+    @property
+    def partial_out(self) -> bool:
+        return any(isinstance(p, Partial) for p in self.outputs)
+
+
+Combo = tuple[_Option, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    """A choice for every mesh axis, its estimated cost, and the part its inputs move now."""
+
+    combo: Combo
+    cost: float
+    moved_now: float
 
 
 def solve(ctx: RuleContext, sig: Signature) -> RuleResult:
-    """Choose placements for every mesh axis and return the op's RuleResult."""
+    """Choose the placements of every mesh axis together and return the op's RuleResult."""
     assert len(sig.inputs) == len(ctx.input_types), (ctx.kind, sig.notation)
     assert len(sig.outputs) == len(ctx.output_types), (ctx.kind, sig.notation)
     mesh = ctx.mesh
-    in_bytes = [local_bytes(t, s) for t, s in zip(ctx.input_types, ctx.input_specs, strict=True)]
-    in_pl: list[list[Placement]] = [[] for _ in ctx.input_types]
-    out_pl: list[list[Placement]] = [[] for _ in ctx.output_types]
-    parts: dict[str, int] = {}  # letter -> product of the axis sizes sharding it so far
-    choices: list[AxisChoice] = []
+    per_axis = [_options(ctx, sig, k) for k in range(mesh.ndim)]
     flops = get_op(ctx.kind).flops(ctx.input_types, ctx.output_types, ctx.attrs)
-    for k, axis in enumerate(mesh.axis_names):
-        n = mesh.shape[k]
-        expected = _expected_parts(ctx, sig, k, parts)
-        out_bytes = [
-            t.nbytes / _shards(sig.outputs[j], expected) for j, t in enumerate(ctx.output_types)
-        ]
-        held = {i for i, pl in enumerate(in_pl) if any(isinstance(p, Partial) for p in pl)}
-        cands = _candidates(ctx, sig, k, n, parts, in_bytes, held, set(expected))
-        work = flops / _shards("".join(parts), parts) / FLOPS_PER_BYTE
-        for cand in cands:
-            cand.cost = _cost(ctx, k, n, cand, in_bytes, out_bytes)
-            cand.cost += work / n if _splits_work(cand) else work
-        pool = [c for c in cands if honours_hints(ctx, k, n, c.inputs, in_bytes)] or cands
-        best = min(
-            pool,
-            key=lambda c: (
-                round(c.cost, 6),
-                _new_partial(c),
-                c.label == "R",
-                any(isinstance(p, Partial) for p in c.outputs),
-                cands.index(c),
-            ),
-        )
-        for i, p in enumerate(best.inputs):
-            in_pl[i].append(p)
-        for j, p in enumerate(best.outputs):
-            out_pl[j].append(p)
-        if best.label not in ("R",) and not best.label.startswith("P"):
-            parts[best.label] = parts.get(best.label, 1) * n
-        alternatives = tuple((c.label, c.cost) for c in cands if c is not best)
-        choices.append(AxisChoice(axis, best.label, best.driver, best.cost, alternatives))
-    kernels = {sig.kernels[letter] for letter in parts if letter in sig.kernels}
-    assert len(kernels) <= 1, f"{ctx.kind}: several local kernels {kernels}"
+    scored = [
+        _Scored(combo, *_cost(ctx, combo, flops))
+        for combo in itertools.product(*per_axis)
+        if _valid(ctx, sig, combo)
+    ]
+    assert scored, f"{ctx.kind}: no valid placement (replicated is always one)"
+    pool = [s for s in scored if all(o.honours for o in s.combo)] or scored
+    chosen = min(pool, key=lambda s: _rank(s, per_axis))
+    best, cost = chosen.combo, chosen.cost
+    choices = []
+    for k, option in enumerate(best):
+        others: dict[str, float] = {}
+        for other in scored:
+            label = other.combo[k].label
+            if label != option.label and other.cost < others.get(label, math.inf):
+                others[label] = other.cost
+        axis = mesh.axis_names[k]
+        choices.append(AxisChoice(axis, option.label, option.driver, cost, tuple(others.items())))
+    letters = {o.label for o in best if o.shards}
+    kernels = {sig.kernels[letter] for letter in letters if letter in sig.kernels}
     return RuleResult(
-        input_specs=tuple(DistSpec(mesh, tuple(p)) for p in in_pl),
-        output_specs=tuple(DistSpec(mesh, tuple(p)) for p in out_pl),
+        input_specs=tuple(
+            DistSpec(mesh, tuple(o.inputs[i] for o in best)) for i in range(len(sig.inputs))
+        ),
+        output_specs=tuple(
+            DistSpec(mesh, tuple(o.outputs[j] for o in best)) for j in range(len(sig.outputs))
+        ),
         reason=_reason(ctx, sig, choices),
         kernel=kernels.pop() if kernels else "default",
         choices=tuple(choices),
+        cost=cost,
     )
 
 
-def honours_hints(
-    ctx: RuleContext, k: int, n: int, inputs: list[Placement], in_bytes: list[float]
-) -> bool:
+def _rank(
+    scored: _Scored, per_axis: list[list[_Option]]
+) -> tuple[float, float, int, int, int, int, tuple[int, ...]]:
+    """Cheapest first; on a tie: fewer bytes moved now (a reduction left for later may be
+    absorbed by a later op), fewer new partial outputs (passing an arriving partial
+    through does not count: its all-reduce is only deferred), fewer letters split by
+    several axes, fewer replicated axes, fewer partial outputs, then proposal order."""
+    combo = scored.combo
+    letters = [o.label for o in combo if o.shards]
+    return (
+        round(scored.cost, 6),
+        round(scored.moved_now, 6),
+        sum(o.new_partial for o in combo),
+        len(letters) - len(set(letters)),
+        sum(o.label == "R" for o in combo),
+        sum(o.partial_out for o in combo),
+        tuple(options.index(o) for options, o in zip(per_axis, combo, strict=True)),
+    )
+
+
+def honours_hints(ctx: RuleContext, k: int, inputs: Sequence[Placement]) -> bool:
     """True when using the inputs in `inputs` on mesh axis k keeps every input hint: the
-    hinted placement itself, or a free change of an input that arrives as hinted (a local
-    slice of a replicated input)."""
+    hinted placement itself, or replicated for partial and back (one rank keeps the value,
+    the others add zeros: nothing moves; a linear op's bias joins partial sums that way).
+    A local slice does not keep a hint: a backward op that sliced a tensor its forward op
+    read whole would no longer mirror it."""
     for i, need in enumerate(inputs):
         want = ctx.input_hint_at(i, k)
         if want is None or need == want:
             continue
-        spec = ctx.input_specs[i]
-        src = spec.placements[k] if spec is not None else None
-        if src == want and axis_cost(in_bytes[i], n, src, need) == 0.0:
+        if isinstance(want, Replicate | Partial) and isinstance(need, Replicate | Partial):
             continue
         return False
     return True
 
 
-def _splits_work(cand: _Candidate) -> bool:
-    """A letter candidate divides the op's work among the axis' ranks; R and P do not."""
-    return cand.label != "R" and not cand.label.startswith("P(")
+def _valid(ctx: RuleContext, sig: Signature, combo: Combo) -> bool:
+    """Every letter divides over all the axes sharding it, and at most one local kernel."""
+    parts: dict[str, int] = {}
+    for k, option in enumerate(combo):
+        if option.shards:
+            parts[option.label] = parts.get(option.label, 1) * ctx.mesh.shape[k]
+    kernels = {sig.kernels[letter] for letter in parts if letter in sig.kernels}
+    return len(kernels) <= 1 and all(
+        _divides(ctx, sig, letter, count) for letter, count in parts.items() if count > 1
+    )
 
 
-def _new_partial(cand: _Candidate) -> bool:
-    """True when the candidate makes outputs partial that no arriving input was partial in."""
-    passthrough = cand.label.startswith("P(") and cand.driver is not None
-    return not passthrough and any(isinstance(p, Partial) for p in cand.outputs)
+def _cost(ctx: RuleContext, combo: Combo, flops: float) -> tuple[float, float]:
+    """Estimated cost (module docstring, step 2): the exact reshards of the inputs, the
+    outputs' conversion to their targets (`_output_target`), and the op's FLOPs per rank
+    at `FLOPS_PER_BYTE`; and the inputs' part alone."""
+    mesh = ctx.mesh
+    inputs = 0.0
+    for i, (t, spec) in enumerate(zip(ctx.input_types, ctx.input_specs, strict=True)):
+        need = tuple(o.inputs[i] for o in combo)
+        if spec is not None and not ctx.available(i, need):
+            inputs += reshard_cost(t, mesh, spec.placements, need)
+    outputs = 0.0
+    for j, t in enumerate(ctx.output_types):
+        produced = tuple(o.outputs[j] for o in combo)
+        outputs += reshard_cost(t, mesh, produced, _output_target(ctx, combo, j, produced))
+    shards = math.prod(mesh.shape[k] for k, o in enumerate(combo) if o.shards)
+    return inputs + outputs + flops / shards / FLOPS_PER_BYTE, inputs
 
 
-def _expected_parts(
-    ctx: RuleContext, sig: Signature, k: int, parts: dict[str, int]
-) -> dict[str, int]:
-    """`parts`, plus the letter each later mesh axis shards in the first input arriving
-    sharded on it: an output's block is estimated like the inputs' arriving blocks."""
-    out = dict(parts)
-    for a in range(k + 1, ctx.mesh.ndim):
-        for letters, spec in zip(sig.inputs, ctx.input_specs, strict=True):
-            p = spec.placements[a] if spec is not None else None
-            if isinstance(p, Shard) and letters[p.dim] not in sig.whole:
-                out[letters[p.dim]] = out.get(letters[p.dim], 1) * ctx.mesh.shape[a]
-                break
-    return out
+def _output_target(
+    ctx: RuleContext, combo: Combo, j: int, produced: tuple[Placement, ...]
+) -> tuple[Placement, ...]:
+    """The placements output j must end up in: its hint where given; for an in-place update,
+    the spec of the state it overwrites (the state keeps its spec: where it arrives, else
+    where the op uses it); a partial output that nothing defers, replicated (its all-reduce
+    will come); else as produced."""
+    source = ctx.inplace[j] if j < len(ctx.inplace) else None
+    if source is not None:
+        spec = ctx.input_specs[source]
+        base = spec.placements if spec is not None else tuple(o.inputs[source] for o in combo)
+    else:
+        base = tuple(
+            Replicate() if isinstance(p, Partial) and not ctx.defers(j) else p for p in produced
+        )
+    return tuple(hint if (hint := ctx.hint_at(j, k)) is not None else p for k, p in enumerate(base))
 
 
-def _shards(letters: str, parts: Mapping[str, int]) -> int:
-    total = 1
-    for letter in letters:
-        total *= parts.get(letter, 1)
-    return total
-
-
-def _divides(ctx: RuleContext, sig: Signature, letter: str, n: int, parts: dict[str, int]) -> bool:
-    need = parts.get(letter, 1) * n
+def _divides(ctx: RuleContext, sig: Signature, letter: str, need: int) -> bool:
+    """True when every dim named `letter` splits evenly into `need` blocks."""
     tensors = [
         *zip(sig.inputs, ctx.input_types, strict=True),
         *zip(sig.outputs, ctx.output_types, strict=True),
@@ -210,34 +272,26 @@ def _divides(ctx: RuleContext, sig: Signature, letter: str, n: int, parts: dict[
     )
 
 
-def _candidates(
-    ctx: RuleContext,
-    sig: Signature,
-    k: int,
-    n: int,
-    parts: dict[str, int],
-    in_bytes: list[float],
-    held: set[int],
-    taken: set[str],
-) -> list[_Candidate]:
-    """The candidates of mesh axis k (module docstring, step 1); `taken` holds the letters
-    other mesh axes shard, which an input that must move anyway avoids on a tie."""
+def _keepable(ctx: RuleContext, sig: Signature, letter: str, n: int) -> bool:
+    """True when the op can compute with `letter` sharded over the n ranks of an axis."""
+    return letter != UNSHARDABLE and letter not in sig.whole and _divides(ctx, sig, letter, n)
+
+
+def _options(ctx: RuleContext, sig: Signature, k: int) -> list[_Option]:
+    """The options of mesh axis k (module docstring, step 1), in proposal order."""
+    n = ctx.mesh.shape[k]
     proposals: list[tuple[str, int | None]] = []
-    stuck: list[int] = []  # inputs arriving sharded on a letter the op cannot keep
+    moving: list[int] = []  # inputs sharded or partial on the axis: every letter is a target
     for i, spec in enumerate(ctx.input_specs):
         for p in (spec.placements[k] if spec is not None else None, ctx.input_hint_at(i, k)):
             if isinstance(p, Shard):
-                letter = sig.inputs[i][p.dim]
-                proposals.append((letter, i))
-                if not _keepable(ctx, sig, letter, n, parts):
-                    stuck.append(i)
-            elif (
-                isinstance(p, Partial)
-                and p.op in sig.passthrough
-                and sig.linearity != "none"
-                and sig.is_linear_in(i)
-            ):
-                proposals.append((f"P({p.op})", i))
+                proposals.append((sig.inputs[i][p.dim], i))
+                moving.append(i)
+            elif isinstance(p, Partial):
+                if p.op in sig.passthrough and sig.linearity != "none" and sig.is_linear_in(i):
+                    proposals.append((f"P({p.op})", i))
+                elif sig.scatter_partials:
+                    moving.append(i)  # resolved anyway: reduce-scatter onto a letter?
     for j in range(len(ctx.output_types)):
         p = ctx.hint_at(j, k)
         if isinstance(p, Shard):
@@ -245,49 +299,50 @@ def _candidates(
         elif isinstance(p, Partial) and p.op in sig.passthrough and sig.linearity != "none":
             proposals.append((f"P({p.op})", None))
     proposals.append(("R", None))
-    for i in stuck:
-        letters = sorted(sig.inputs[i], key=lambda letter: letter in taken)
-        proposals += [(letter, i) for letter in letters]
+    # inputs sharded or partial on the axis may move onto any letter: theirs first, then
+    # the other inputs' (free slices of replicated inputs); an axis that no input arrives
+    # sharded or partial on stays out of this (it is not the op's to shard)
+    proposals += [(letter, i) for i in moving for letter in sig.inputs[i]]
+    if moving:
+        proposals += [(letter, i) for i in range(len(sig.inputs)) for letter in sig.inputs[i]]
+    in_bytes = [local_bytes(t, s) for t, s in zip(ctx.input_types, ctx.input_specs, strict=True)]
     seen: set[str] = set()
-    out: list[_Candidate] = []
+    out: list[_Option] = []
     for label, driver in proposals:
         if label in seen:
             continue
         seen.add(label)
         if label == "R":
-            out.append(_replicated(ctx, driver))
+            option = _replicated(ctx, driver)
         elif label.startswith("P("):
-            out.append(_partial(ctx, sig, k, label[2:-1], driver, in_bytes, held))
-        elif _keepable(ctx, sig, label, n, parts):
-            out.append(_letter(ctx, sig, label, driver))
+            option = _partial(ctx, sig, k, label[2:-1], driver, in_bytes)
+        elif _keepable(ctx, sig, label, n):
+            option = _letter(ctx, sig, label, driver)
+        else:
+            continue
+        honours = honours_hints(ctx, k, option.inputs)
+        out.append(replace(option, honours=honours))
     return out
 
 
-def _keepable(ctx: RuleContext, sig: Signature, letter: str, n: int, parts: dict[str, int]) -> bool:
-    """True when the op can compute with `letter` sharded over n more ranks."""
-    return (
-        letter != UNSHARDABLE and letter not in sig.whole and _divides(ctx, sig, letter, n, parts)
-    )
-
-
-def _replicated(ctx: RuleContext, driver: int | None) -> _Candidate:
-    return _Candidate(
+def _replicated(ctx: RuleContext, driver: int | None) -> _Option:
+    return _Option(
         "R",
-        [Replicate()] * len(ctx.input_types),
-        [Replicate()] * len(ctx.output_types),
+        (Replicate(),) * len(ctx.input_types),
+        (Replicate(),) * len(ctx.output_types),
         driver,
     )
 
 
-def _letter(ctx: RuleContext, sig: Signature, letter: str, driver: int | None) -> _Candidate:
+def _letter(ctx: RuleContext, sig: Signature, letter: str, driver: int | None) -> _Option:
     partial = Partial(sig.contraction.get(letter, "sum"))
-    ins: list[Placement] = [
+    ins = tuple(
         Shard(letters.index(letter)) if letter in letters else Replicate() for letters in sig.inputs
-    ]
-    outs: list[Placement] = [
+    )
+    outs = tuple(
         Shard(letters.index(letter)) if letter in letters else partial for letters in sig.outputs
-    ]
-    return _Candidate(letter, ins, outs, driver)
+    )
+    return _Option(letter, ins, outs, driver)
 
 
 def _partial(
@@ -297,16 +352,14 @@ def _partial(
     op: str,
     driver: int | None,
     in_bytes: list[float],
-    held: set[int],
-) -> _Candidate:
-    """`held`: inputs already partial on an earlier mesh axis. A multilinear op keeps one
-    partial input over all axes: a @ b with a partial on one axis and b on another would
-    sum the cross terms of the two decompositions."""
+) -> _Option:
+    """Outputs partial on axis k. An affine op keeps all its linear inputs partial; a
+    multilinear op keeps one (the arriving partial one, else the largest): a product of
+    a partial and replicated values is partial. Different axes may keep different inputs:
+    rank (i, j) computing a_i b_j sums to a b over both axes."""
     linear = [i for i in range(len(ctx.input_types)) if sig.is_linear_in(i)]
     if sig.linearity == "affine":
         keepers = set(linear)
-    elif held:
-        keepers = set(held)
     else:
         arriving = [
             i
@@ -315,40 +368,18 @@ def _partial(
         ]
         pool = arriving or linear
         keepers = {max(pool, key=lambda i: (in_bytes[i], -i))}
-    ins: list[Placement] = [
-        Partial(op) if i in keepers else Replicate() for i in range(len(ctx.input_types))
-    ]
-    outs: list[Placement] = [
+    ins = tuple(Partial(op) if i in keepers else Replicate() for i in range(len(ctx.input_types)))
+    outs = tuple(
         Replicate() if j in sig.value_free_outputs else Partial(op)
         for j in range(len(ctx.output_types))
-    ]
-    return _Candidate(f"P({op})", ins, outs, driver)
-
-
-def _cost(
-    ctx: RuleContext,
-    k: int,
-    n: int,
-    cand: _Candidate,
-    in_bytes: list[float],
-    out_bytes: list[float],
-) -> float:
-    total = 0.0
-    for i, spec in enumerate(ctx.input_specs):
-        src = spec.placements[k] if spec is not None else None
-        total += axis_cost(in_bytes[i], n, src, cand.inputs[i])
-    for j, produced in enumerate(cand.outputs):
-        hint = ctx.hint_at(j, k)
-        if hint is not None:
-            total += axis_cost(out_bytes[j], n, produced, hint)
-        elif isinstance(produced, Partial) and n > 1 and not ctx.defers(j):
-            total += 2 * out_bytes[j] * (n - 1) / n + LATENCY_BYTES
-    return total
+    )
+    return _Option(f"P({op})", ins, outs, driver)
 
 
 def _reason(ctx: RuleContext, sig: Signature, choices: list[AxisChoice]) -> str:
     parts = []
     for c in choices:
+        k = ctx.mesh.axis_index(c.axis)
         if c.choice == "R":
             why = "no input is sharded on it" if not c.alternatives else "cheapest choice"
             parts.append(f"{c.axis}: replicated ({why})")
@@ -357,11 +388,21 @@ def _reason(ctx: RuleContext, sig: Signature, choices: list[AxisChoice]) -> str:
         else:
             contracted = all(c.choice not in out for out in sig.outputs)
             src = f" following input {c.driver}" if c.driver is not None else ""
-            moved = _moved_from(ctx, sig, c, k=ctx.mesh.axis_index(c.axis))
-            if moved is not None:
+            arrived = _arrived_as(ctx, sig, c, k)
+            if isinstance(arrived, Partial):
                 src = (
-                    f": input {c.driver} arrives sharded on '{moved}', which the op cannot "
-                    "keep, and moving it there costs less than gathering it"
+                    f": input {c.driver} arrives {arrived}, and reduce-scattering it onto "
+                    f"'{c.choice}' costs less than all-reducing it"
+                )
+            elif arrived is not None:
+                keep = (
+                    "which the op cannot keep"
+                    if not _keepable(ctx, sig, arrived, ctx.mesh.shape[k])
+                    else "which costs more to keep"
+                )
+                src = (
+                    f": input {c.driver} arrives sharded on '{arrived}', {keep}, and moving "
+                    "it there costs less than gathering it"
                 )
             what = f"shards '{c.choice}'{src}"
             if contracted:
@@ -371,16 +412,16 @@ def _reason(ctx: RuleContext, sig: Signature, choices: list[AxisChoice]) -> str:
     return f"{ctx.kind} [{sig.notation}]: " + "; ".join(parts)
 
 
-def _moved_from(ctx: RuleContext, sig: Signature, c: AxisChoice, k: int) -> str | None:
-    """The letter the driving input arrives sharded on when the choice moved it elsewhere."""
-    if c.driver is None or ctx.input_specs[c.driver] is None:
+def _arrived_as(ctx: RuleContext, sig: Signature, c: AxisChoice, k: int) -> str | Partial | None:
+    """How the driving input arrives on axis k when the choice moved it: the letter it is
+    sharded on, or its Partial; None when the choice keeps it."""
+    spec = ctx.input_specs[c.driver] if c.driver is not None else None
+    if spec is None or c.driver is None:
         return None
-    spec = ctx.input_specs[c.driver]
-    assert spec is not None
     p = spec.placements[k]
     if isinstance(p, Shard) and sig.inputs[c.driver][p.dim] != c.choice:
         return sig.inputs[c.driver][p.dim]
-    return None
+    return p if isinstance(p, Partial) else None
 
 
 def broadcast_letters(types: list[TensorType], out_rank: int, letters: str) -> list[str]:

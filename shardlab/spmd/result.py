@@ -37,7 +37,8 @@ class AxisChoice:
     axis: str
     choice: str  # a letter, "R", or "P(op)"
     driver: int | None  # the input whose placement suggested it, if any
-    cost: float  # estimated bytes moved (plus latency) for this choice
+    cost: float  # estimated cost (bytes, latency and compute) of the op's whole choice
+    #: Other choices for this axis and the cheapest whole choice that makes each.
     alternatives: tuple[tuple[str, float], ...] = ()
 
 
@@ -52,6 +53,9 @@ class RuleResult:
     kernel: str = "default"
     inner_comms: tuple[InnerComm, ...] = ()
     choices: tuple[AxisChoice, ...] = ()
+    #: Estimated cost of the choice (`shardlab.spmd.cost`), for rules that solve several
+    #: forms and keep the cheaper.
+    cost: float = 0.0
 
     def reshards(self, arriving: Sequence[DistSpec | None]) -> list[int]:
         """Indices of inputs whose arriving spec differs from the required one."""
@@ -87,6 +91,9 @@ class RuleContext:
     #: sum of gradient contributions, a residual add): its reduction is then counted once,
     #: where it happens, not estimated here.
     deferrable: tuple[bool, ...] = ()
+    #: Per input, other placements it is already available in: an earlier consumer of the
+    #: same phase had it resharded so, and the lowering reuses that copy (free to read).
+    input_versions: tuple[frozenset[tuple[Placement, ...]], ...] = ()
 
     def hint_at(self, output: int, axis: int) -> Placement | None:
         """The preferred placement of output `output` on mesh axis `axis`, if any."""
@@ -99,6 +106,13 @@ class RuleContext:
     def defers(self, output: int) -> bool:
         """True when output `output`'s consumers all reduce partial inputs together."""
         return output < len(self.deferrable) and self.deferrable[output]
+
+    def available(self, i: int, placements: tuple[Placement, ...]) -> bool:
+        """True when input i already exists in `placements` (arriving, or a reused copy)."""
+        spec = self.input_specs[i]
+        if spec is not None and spec.placements == placements:
+            return True
+        return i < len(self.input_versions) and placements in self.input_versions[i]
 
     def input_hint_at(self, i: int, axis: int) -> Placement | None:
         """The placement input `i` must be used in on mesh axis `axis`, if decided."""

@@ -55,7 +55,7 @@ def sdpa_query_heads_signature(ctx: RuleContext) -> Signature:
 
 def cheaper(*results: RuleResult) -> RuleResult:
     """The result whose choices cost least in total (the first one on a tie)."""
-    return min(results, key=lambda r: round(sum(c.cost for c in r.choices), 6))
+    return min(results, key=lambda r: round(r.cost, 6))
 
 
 def sdpa_rule(ctx: RuleContext) -> RuleResult:

@@ -26,7 +26,7 @@ def fill_rule(ctx: RuleContext) -> RuleResult:
     letters = LETTERS[: ctx.output_types[0].rank]
     result = solve(ctx, Signature((), (letters,)))
     return RuleResult(result.input_specs, result.output_specs, result.reason,
-                      kernel="replicated", choices=result.choices)  # fmt: skip
+                      kernel="replicated", choices=result.choices, cost=result.cost)  # fmt: skip
 
 
 def pointwise_grad_rule(ctx: RuleContext) -> RuleResult:
@@ -49,10 +49,12 @@ def main_grad_rule(ctx: RuleContext) -> RuleResult:
 
 
 def optimizer_rule(ctx: RuleContext) -> RuleResult:
-    """Elementwise over (param, grad, state...): each rank updates its own block."""
+    """Elementwise over (param, grad, state...): each rank updates its own block, in the
+    layout of the parameter and its states; a partial gradient is reduced into it."""
     letters = LETTERS[: ctx.output_types[0].rank]
     n_in, n_out = len(ctx.input_types), len(ctx.output_types)
-    return solve(ctx, Signature((letters,) * n_in, (letters,) * n_out))
+    sig = Signature((letters,) * n_in, (letters,) * n_out, scatter_partials=False)
+    return solve(ctx, sig)
 
 
 def norm_grad_rule(ctx: RuleContext) -> RuleResult:

@@ -48,7 +48,7 @@ def linear_rule(ctx: RuleContext) -> RuleResult:
     reason = result.reason
     if any(isinstance(p, Partial) for p in out_spec.placements):
         reason += "; the bias joins the partial sums (held by one rank of each group)"
-    return RuleResult(specs, result.output_specs, reason, choices=result.choices)
+    return RuleResult(specs, result.output_specs, reason, choices=result.choices, cost=result.cost)
 
 
 attach("matmul", spmd_rule=matmul_rule)

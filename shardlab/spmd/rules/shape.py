@@ -8,8 +8,10 @@ reshape follows PyTorch's `view_groups`: input dims and output dims are cut into
 whose sizes multiply to the same number (a merge `[H, D] -> [H*D]`, a split `[H*D] -> [H, D]`,
 or both). A sharding of the first (outermost) input dim of a group carries to the first
 output dim of that group when the total shard count divides that output dim: both hold the
-same contiguous run of the group's elements. A sharding of any other dim, or one that does
-not divide, is dropped (the input is required replicated on that mesh axis: a reshard).
+same contiguous run of the group's elements. A sharding of an inner dim of a merge is moved
+to the group's outer dim first (one all_to_all of the block, where a gather would move n
+blocks; PyTorch keeps such a layout as a `_StridedShard`, which we do not have). A sharding
+that cannot carry is dropped (the input is required replicated on that mesh axis).
 The local kernel reshapes each block to its local output shape (`reshape_local`).
 """
 
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from shardlab.ops import attach
 from shardlab.ops.base import attr_int, attr_ints, normalize_dim
 from shardlab.placement import DistSpec, Partial, Placement, Replicate, Shard
-from shardlab.spmd.cost import axis_cost, local_bytes
+from shardlab.spmd.cost import reshard_cost
 from shardlab.spmd.einsum import Signature, solve
 from shardlab.spmd.result import AxisChoice, RuleContext, RuleResult
 
@@ -90,7 +92,17 @@ def _from_hint(ctx: RuleContext, groups: list[Group]) -> tuple[Placement, ...]:
 
 
 def reshape_rule(ctx: RuleContext) -> RuleResult:
-    """Carry the sharding of each group's outermost input dim; drop the others."""
+    """Carry the sharding of each group's outermost input dim; move an inner dim's sharding
+    to its group's outer dim where that costs less than dropping it; drop the others."""
+    moved = _reshape(ctx, move=True)
+    if moved.input_specs == (dropped := _reshape(ctx, move=False)).input_specs:
+        return moved
+    return moved if moved.cost < dropped.cost else dropped
+
+
+def _reshape(ctx: RuleContext, move: bool) -> RuleResult:
+    """The reshape's specs, moving inner-dim shardings (`move`) or dropping them; its cost is
+    the input's reshard (`reshard_cost`, free where that copy exists already)."""
     mesh, x, y = ctx.mesh, ctx.input_types[0], ctx.output_types[0]
     groups = view_groups(x.shape, y.shape)
     spec = ctx.input_specs[0]
@@ -99,55 +111,85 @@ def reshape_rule(ctx: RuleContext) -> RuleResult:
     arriving = tuple(
         h if (h := ctx.input_hint_at(0, k)) is not None else p for k, p in enumerate(base)
     )
-    nbytes = local_bytes(x, spec)
     driver = 0 if spec is not None else None
     parts: dict[int, int] = {}  # output dim -> shards so far
     need: list[Placement] = []
     made: list[Placement] = []
     notes: list[str] = []
-    choices: list[AxisChoice] = []
     for k, (axis, p) in enumerate(zip(mesh.axis_names, arriving, strict=True)):
         n = mesh.shape[k]
         if isinstance(p, Partial):
             need.append(p)
             made.append(p)
             notes.append(f"{axis}: stays {p} (reshape only moves data)")
-        elif isinstance(p, Replicate):
+            continue
+        if isinstance(p, Replicate):
             need.append(p)
             made.append(p)
             notes.append(f"{axis}: replicated (the input is not sharded on it)")
+            continue
+        group = next(g for g in groups if p.dim in g[0])
+        what = _group_text(group, x.shape, y.shape)
+        o = group[1][0] if group[1] else None
+        outer = group[0][0]
+        if o is not None and y.shape[o] % (parts.get(o, 1) * n):
+            shards = parts.get(o, 1) * n
+            why = f"output dim {o} (size {y.shape[o]}) does not divide into {shards} shards"
+        elif o is None:
+            why = f"input dim {p.dim} has no output dim to carry to ({what})"
+        elif outer == p.dim:
+            parts[o] = parts.get(o, 1) * n
+            need.append(p)
+            made.append(Shard(o))
+            notes.append(f"{axis}: input dim {p.dim} sharded carries to output dim {o} ({what})")
+            continue
+        elif move and _fits_shard([*need, *arriving[k:]], x.shape, mesh.shape, k, outer):
+            parts[o] = parts.get(o, 1) * n
+            need.append(Shard(outer))
+            made.append(Shard(o))
+            notes.append(
+                f"{axis}: input dim {p.dim} is an inner dim of its group ({what}); moved to "
+                f"dim {outer} (an all_to_all of the block, where a gather moves n blocks), "
+                f"which carries to output dim {o}"
+            )
+            continue
         else:
-            group = next(g for g in groups if p.dim in g[0])
-            what = _group_text(group, x.shape, y.shape)
-            o = group[1][0] if group[1] else None
-            if group[0][0] != p.dim or o is None:
-                why = f"input dim {p.dim} is not the outermost dim of its group ({what})"
-            elif y.shape[o] % (parts.get(o, 1) * n):
-                shards = parts.get(o, 1) * n
-                why = f"output dim {o} (size {y.shape[o]}) does not divide into {shards} shards"
-            else:
-                parts[o] = parts.get(o, 1) * n
-                need.append(p)
-                made.append(Shard(o))
-                notes.append(
-                    f"{axis}: input dim {p.dim} sharded carries to output dim {o} ({what})"
-                )
-                choices.append(AxisChoice(axis, str(Shard(o)), driver, 0.0))
-                continue
-            need.append(Replicate())
-            made.append(Replicate())
-            notes.append(f"{axis}: replicated, sharding dropped: {why} (a reshard)")
-        src = spec.placements[k] if spec is not None else None
-        cost = axis_cost(nbytes, n, src, need[-1])
-        choices.append(AxisChoice(axis, str(made[-1]), driver, cost))
+            why = f"input dim {p.dim} is not the outermost dim of its group ({what})"
+        need.append(Replicate())
+        made.append(Replicate())
+        notes.append(f"{axis}: replicated, sharding dropped: {why} (a reshard)")
+    placements = tuple(need)
+    cost = 0.0
+    if spec is not None and not ctx.available(0, placements):
+        cost = reshard_cost(x, mesh, spec.placements, placements)
+    choices = tuple(
+        AxisChoice(axis, str(p), driver, cost)
+        for axis, p in zip(mesh.axis_names, made, strict=True)
+    )
     sharded = any(isinstance(p, Shard) for p in made)
     return RuleResult(
-        input_specs=(DistSpec(mesh, tuple(need)),),
+        input_specs=(DistSpec(mesh, placements),),
         output_specs=(DistSpec(mesh, tuple(made)),),
         reason=f"reshape {list(x.shape)} -> {list(y.shape)}: " + "; ".join(notes),
         kernel="reshape_local" if sharded else "default",
-        choices=tuple(choices),
+        choices=choices,
+        cost=cost,
     )
+
+
+def _fits_shard(
+    placements: Sequence[Placement],
+    shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    k: int,
+    dim: int,
+) -> bool:
+    """True when input dim `dim` divides into its shards with mesh axis k added to them."""
+    shards = mesh_shape[k]
+    for a, p in enumerate(placements):
+        if a != k and isinstance(p, Shard) and p.dim == dim:
+            shards *= mesh_shape[a]
+    return shape[dim] % shards == 0
 
 
 def _letters(ctx: RuleContext) -> str:

@@ -75,9 +75,11 @@ REASONS = {
     "would do",
     "b": "resolves a Partial input (all-reduce) where a reduce-scatter, or keeping it partial, "
     "would do",
-    "c": "reshape gathers a merged inner dim where DTensor keeps a _StridedShard (no comm)",
-    "d": "a mesh axis that no input arrives sharded on stays replicated; DTensor shards a "
-    "dim on it (free local slices), which also shrinks what the other axis moves",
+    "c": "reshape moves a merged inner dim's shard to the group's outer dim (one all_to_all) "
+    "where DTensor keeps a _StridedShard (no comm), a placement we do not have",
+    "d": "a mesh axis that no input arrives sharded or partial on stays replicated (by policy: "
+    "spmd/einsum.py, step 1); DTensor shards a dim on it (free local slices, which also "
+    "shrink what the other axis moves) and hands its consumers a layout they did not ask for",
     "e": "the rules' per-axis cost estimate (spmd/cost.py axis_cost) misprices a reshard: "
     "it prices every axis on the arriving block, so it misses that nested shards of one dim "
     "must move and that slicing on another axis first shrinks a gather or all_to_all",

@@ -66,9 +66,9 @@ def test_normalised_dim_stays_whole(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_partial_inputs_are_resolved(kind: str) -> None:
-    result = rule(kind, "P(sum)S(1)")
-    assert specs(result)[0][0] == "RS(1)"
-    assert specs(result)[1] == ["RS(1)"]
+    result = rule(kind, "P(sum)S(1)")  # reduce-scattered onto the batch
+    assert specs(result)[0][0] == "S(0)S(1)"
+    assert specs(result)[1] == ["S(0)S(1)"]
     weight_partial = rule(kind, "S(0)R", "P(sum)R")
     assert specs(weight_partial)[0][1] == "RR"
 

@@ -80,15 +80,18 @@ def test_reshape_merge_heads_keeps_the_sharding() -> None:
     assert "merged" in merged.reason
 
 
-def test_reshape_drops_inner_or_non_dividing_shardings() -> None:
+def test_reshape_moves_inner_shardings_and_drops_non_dividing_ones() -> None:
+    """An inner dim of a merge moves to the group's outer dim (one all_to_all, not a
+    gather of n blocks); a sharding the output dim cannot divide is dropped."""
     inner = rule("reshape", ["RS(3)"], {"shape": [8, 4, 16]}, [TensorType((8, 4, 4, 4))])
-    assert specs(inner) == (["RR"], ["RR"])
-    assert "not the outermost dim of its group" in inner.reason
+    assert specs(inner) == (["RS(2)"], ["RS(2)"])
+    assert "inner dim of its group" in inner.reason and "all_to_all" in inner.reason
     assert inner.reshards([DistSpec.parse("RS(3)", MESHES[2])]) == [0]
     small = rule("reshape", ["S(2)S(2)"], {"shape": [8, 4, 2, 8]})
     assert specs(small) == (["S(2)R"], ["S(2)R"])
     assert "does not divide into 4 shards" in small.reason
-    assert specs(rule("reshape", ["S(1)S(2)"], {"shape": [8, 64]})) == (["S(1)R"], ["S(1)R"])
+    # dim 2 joins dim 1's split as its inner part: [8, 4, 16] -> [8, 64], dim 1 over dp, tp
+    assert specs(rule("reshape", ["S(1)S(2)"], {"shape": [8, 64]})) == (["S(1)S(1)"], ["S(1)S(1)"])
     assert specs(rule("reshape", ["S(0)R"], {"shape": [4, 16, 8]})) == (["S(0)R"], ["S(0)R"])
 
 
