@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -55,11 +57,20 @@ def machine() -> str:
     )
 
 
-def main() -> None:
+def main() -> int:
+    """Run every benchmark; one that raises is reported in its place (and the run fails),
+    so the others' figures are still written."""
     sections: list[Section] = []
+    failed = []
     for module in BENCHMARKS:
         print(f"running {module.__name__} ...", flush=True)
-        sections.append(module.run())
+        try:
+            sections.append(module.run())
+        except Exception as exc:  # reported in the document and the exit code
+            failed.append(module.__name__)
+            traceback.print_exc()
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            sections.append(Section(f"{module.__name__} FAILED", ["error"], [[error[:300]]]))
     today = datetime.date.today().isoformat()
     text = [
         "# Performance",
@@ -72,7 +83,10 @@ def main() -> None:
     OUTPUT.parent.mkdir(exist_ok=True)
     OUTPUT.write_text("\n".join(text))
     print(f"wrote {OUTPUT}")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
