@@ -192,7 +192,7 @@ def backward(
             last = i == len(parts) - 1
             acc = ctx.emit("add", [acc, part], names=[name] if last else None,
                            kinds=[ValueKind.GRAD] if last else None,
-                           op_name=f"{v}.grad_acc" if last else None)[0]  # fmt: skip
+                           op_name=f"{v}.grad_acc" + ("" if last else str(i)))[0]  # fmt: skip
         if len(parts) == 1 and acc not in claimed and acc != name:
             acc = ctx.rename(acc, name)
         elif acc != name and graph.value(v).kind == ValueKind.PARAM:

@@ -331,15 +331,28 @@ def check_placements(
             )
 
 
+#: local shapes already computed (and checked), by (global shape, mesh, placements): a
+#: program asks for the same few value types tens of thousands of times
+_LOCAL_SHAPES: dict[tuple[tuple[int, ...], Mesh, tuple[Placement, ...]], tuple[int, ...]] = {}
+_LOCAL_SHAPES_MAX = 1 << 16
+
+
 def local_shape(
     shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement]
 ) -> tuple[int, ...]:
-    """The shape of the block each rank holds."""
+    """The shape of the block each rank holds (checked once per distinct value type)."""
+    key = (tuple(shape), mesh, tuple(placements))
+    known = _LOCAL_SHAPES.get(key)
+    if known is not None:
+        return known
     check_placements(shape, mesh, placements)
     out = list(shape)
     for d, axes in _sharding(placements).items():
         out[d] //= math.prod(mesh.shape[k] for k in axes)
-    return tuple(out)
+    if len(_LOCAL_SHAPES) >= _LOCAL_SHAPES_MAX:
+        _LOCAL_SHAPES.clear()
+    _LOCAL_SHAPES[key] = result = tuple(out)
+    return result
 
 
 def index_ranges(

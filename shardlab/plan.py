@@ -27,6 +27,7 @@ from typing import Any
 
 from shardlab.autodiff import training_graph
 from shardlab.cost.clusters import Cluster, cluster_from_dict, load_cluster
+from shardlab.cost.compute import OpTimeMemo
 from shardlab.cost.model import PlanCost, cost_program
 from shardlab.cost.pipeline_slots import PipelineSlotCost
 from shardlab.errors import ShardlabError
@@ -132,6 +133,7 @@ class Plan:
             "collectives": self.collectives_by_kind(),
             "comm_bytes_per_rank": self.program.comm_bytes_per_rank(),
             "fallback_ops": self.completed.fallback_ops(),
+            "repetition": self.completed.repetition(),
             "unmatched_template_patterns": sorted({a.pattern for a in self.completed.unmatched}),
             "notes": self.completed.notes(),
             "passes": [stage.to_json() for stage in self.stages[1:]],
@@ -169,11 +171,14 @@ def build_plan(
     cluster: Cluster | str | None = None,
     passes: bool = True,
     progress: Progress | None = None,
+    fold: bool = True,
 ) -> Plan:
     """Run the pipeline for `model` (a Graph, or a preset name) under `strategy`; with a
     `cluster` (a Cluster, a preset name or a cluster file) the plan is costed too.
     `passes=False` stops after lowering (the passes' own tests start from there).
-    `progress(fraction, message)` hears of every step (the worker's job progress)."""
+    `progress(fraction, message)` hears of every step (the worker's job progress).
+    `fold=False` completes every repeated layer for real instead of once per distinct
+    layer (`spmd.folding`; the plan is the same, tests compare them)."""
     report = progress or _silent
     if isinstance(model, str):
         from shardlab.models import build_model
@@ -184,7 +189,7 @@ def build_plan(
     if PIPELINE_AXIS in strategy.mesh.axis_names:
         built = build_pipelined(
             model, strategy, optimizer=optimizer, lr=lr, cluster=cluster, passes=passes,
-            report=report,
+            report=report, fold=fold,
         )  # fmt: skip
         stages = [
             PlanStage(name, prog, summary, cost) for name, prog, summary, cost in built.stages
@@ -194,7 +199,7 @@ def build_plan(
     report(0.0, "training graph")
     training = training_graph(model, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
     report(0.1, "completion")
-    completed = complete(training, strategy)
+    completed = complete(training, strategy, fold)
     report(0.4, "lowering")
     program = lower(completed)
     config = strategy.options.get("passes") if passes else dict.fromkeys(PASSES, False)
@@ -202,7 +207,8 @@ def build_plan(
     costing: Callable[[DistProgram], PlanCost] | None = None
     if cluster is not None:
         report(0.5, "cost as lowered")
-        costing = functools.partial(cost_program, training=training, cluster=cluster)
+        memo: OpTimeMemo = {}  # the stages share most ops: each is priced once
+        costing = functools.partial(cost_program, training=training, cluster=cluster, memo=memo)
 
     def on_pass(n: int, total: int, name: str) -> None:
         report(0.5 + 0.5 * n / total, f"pass {name}" + (" and its cost" if costing else ""))

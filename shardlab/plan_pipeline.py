@@ -110,6 +110,7 @@ def build_pipelined(
     cluster: Cluster | None,
     passes: bool,
     report: Callable[[float, str], None],
+    fold: bool = True,
 ) -> PipelinedBuild:
     """Training graph of one micro-batch, completion and lowering per stage, passes (under
     the cost guard of the pipelined step when costed)."""
@@ -120,7 +121,7 @@ def build_pipelined(
     training = training_graph(micro, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
     assignment = _assignment(training, pp, options)
     report(0.1, "completion")
-    completed = complete(training, stage_strategy(strategy, PIPELINE_AXIS))
+    completed = complete(training, stage_strategy(strategy, PIPELINE_AXIS), fold)
     report(0.4, "lowering")
     program = lower(completed)
     cost = None

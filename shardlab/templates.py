@@ -36,10 +36,11 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from shardlab.annotation import Annotation, StrategyError, TemplateUse, match_values
+from shardlab.annotation import Annotation, StrategyError, TemplateUse
 from shardlab.ir import Graph, OpRole, ValueKind
 from shardlab.mesh import Mesh
 from shardlab.placement import Placement, Replicate, Shard
+from shardlab.repeats import repeats_of
 
 #: The dropouts before each residual add (models with dropout): in Megatron-LM they run in
 #: the residual stream's region (replicated with tensor parallelism, sequence-sharded with
@@ -88,7 +89,7 @@ HEAD_SPLITS = {"q": "layers.*.attn.q_heads", "k": "layers.*.attn.k_heads"}
 
 def _heads(graph: Graph, part: str) -> int | None:
     """The head count of attention projection `part` ("q" or "k"), if the graph has one."""
-    names = match_values(HEAD_SPLITS[part], graph.values.keys())
+    names = repeats_of(graph).match(HEAD_SPLITS[part], graph.values.keys())
     return graph.type_of(names[0]).shape[2] if names else None
 
 
@@ -240,12 +241,13 @@ def template_annotations(
 ) -> list[Annotation]:
     """The annotations every template writes, in order (each sees those before it)."""
     names = graph.values.keys()
+    repeats = repeats_of(graph)
     prior: dict[tuple[str, str], Placement] = {}
     out: list[Annotation] = []
     for use in uses:
         written = TEMPLATES[use.name].fn(graph, mesh, use.axis, prior)
         for ann in written:
-            for name in match_values(ann.pattern, names):
+            for name in repeats.match(ann.pattern, names):
                 for axis, placement in ann.placements:
                     prior[(name, axis)] = placement
         out += written

@@ -29,7 +29,7 @@ from backend.schemas.jobs import Created, PlanCreate, PlanOut
 from shardlab.autodiff import training_graph
 from shardlab.cost.clusters import check_mesh_fits, cluster_from_dict
 from shardlab.graph_json import graph_from_json
-from shardlab.spmd.complete import resolve_annotations
+from shardlab.spmd.constraints import resolve_annotations
 
 router = APIRouter(prefix="/api/plans", tags=["plans"])
 
@@ -74,6 +74,20 @@ def built_plan(session: Session, team_id: int, plan_id: int) -> Plan:
             plan_id=plan_id,
             job_id=job.id,
             job_status=job.status,
+        )
+    return plan
+
+
+def costed_plan(session: Session, team_id: int, plan_id: int, resource: str) -> Plan:
+    """The built plan; 404 (naming `resource`) for a plan planned without a cluster."""
+    plan = built_plan(session, team_id, plan_id)
+    if plan.cluster is None:
+        raise ApiError(
+            404,
+            "not_found",
+            f"plan {plan_id} has no cost: it was planned without a cluster",
+            resource=resource,
+            plan_id=plan_id,
         )
     return plan
 

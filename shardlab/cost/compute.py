@@ -38,8 +38,8 @@ from typing import Any, Protocol
 from shardlab.errors import ClusterError, ShardlabError
 from shardlab.ir import Graph, Op, OpRole, TensorType
 from shardlab.ops import get_op
-from shardlab.placement import local_shape
-from shardlab.program import DistProgram
+from shardlab.placement import DistSpec, local_shape
+from shardlab.program import DistOp, DistProgram
 
 #: Kinds that run on the tensor cores (or the BLAS of a CPU) and follow the matmul ramp.
 #: embedding / embedding_grad are gathers and scatter-adds, not matmuls: they are costed like
@@ -209,8 +209,16 @@ def op_dtype(types: Sequence[TensorType]) -> str:
     return types[0].dtype if types else FALLBACK_DTYPE
 
 
+#: What `program_op_times` remembers between programs that share ops (a plan's stages):
+#: op name -> (the op, the specs of its inputs and outputs, its seconds).
+OpTimeMemo = dict[str, tuple[DistOp, tuple[DistSpec, ...], float]]
+
+
 def program_op_times(
-    program: DistProgram, device: ComputeDevice, table: CalibrationTable | None = None
+    program: DistProgram,
+    device: ComputeDevice,
+    table: CalibrationTable | None = None,
+    memo: OpTimeMemo | None = None,
 ) -> dict[str, float]:
     """Seconds of every compute op of `program` on one rank, by op name; comm ops are skipped.
 
@@ -218,10 +226,19 @@ def program_op_times(
     an op holds blocks of the same shape and one rank's times stand for all of them. A local
     kernel (e.g. vocab-parallel cross entropy) is counted by its kind's OpDef on the local
     blocks; an op computes in the dtype of its first floating-point input (`op_dtype`).
+    With a `memo` (one per device and table, e.g. one per `build_plan`), an op that is the
+    very object of an earlier program, with the same specs, keeps its earlier time: a pass
+    changes a few ops, and the plan's stages are costed without re-pricing the rest.
     """
     times: dict[str, float] = {}
+    specs = program.specs
     for op in program.ops:
         if op.is_comm:
+            continue
+        layout = tuple(specs[v] for v in (*op.inputs, *op.outputs))
+        known = memo.get(op.name) if memo is not None else None
+        if known is not None and known[0] is op and known[1] == layout:
+            times[op.name] = known[2]
             continue
         ins, outs = local_types(program, op.inputs), local_types(program, op.outputs)
         flops = op_flops(op.kind, ins, outs, op.attrs)
@@ -229,6 +246,8 @@ def program_op_times(
         times[op.name] = compute_time(
             op.kind, flops, bytes_, op_dtype([*ins, *outs]), device, table
         )
+        if memo is not None:
+            memo[op.name] = (op, layout, times[op.name])
     return times
 
 

@@ -22,6 +22,7 @@ from shardlab.cost.clusters import Cluster, check_mesh_fits
 from shardlab.cost.comm import step_time
 from shardlab.cost.compute import (
     CalibrationTable,
+    OpTimeMemo,
     hardware_flops,
     model_flops,
     peak_for,
@@ -31,6 +32,7 @@ from shardlab.cost.memory import MemoryProfile, memory_profile
 from shardlab.cost.timeline import Timeline, mfu, simulate, tokens_per_second
 from shardlab.ir import Graph, ValueKind
 from shardlab.program import DistOp, DistProgram
+from shardlab.reshard import CommStep
 
 
 class StepFigures:
@@ -142,32 +144,72 @@ def cost_program(
     training: Graph,
     cluster: Cluster,
     table: CalibrationTable | None = None,
+    memo: OpTimeMemo | None = None,
 ) -> PlanCost:
-    """Time, memory and throughput of one step of `program` (lowered from `training`)."""
+    """Time, memory and throughput of one step of `program` (lowered from `training`);
+    `memo` carries op times between programs that share ops (`compute.program_op_times`)."""
     check_mesh_fits(program.mesh, cluster)
-    compute = program_op_times(program, cluster, table)
+    compute = program_op_times(program, cluster, table, memo)
     roles = role_of_ranks(program, cluster)
     mesh = program.mesh
+
+    groups: dict[tuple[int, str], tuple[int, ...]] = {}
+    comm_times: dict[tuple[CommStep, tuple[int, ...]], float] = {}
 
     def durations(op: DistOp, rank: int) -> float:
         if op.comm is None:
             return compute[op.name]
-        return step_time(op.comm, mesh.group_of(rank, op.comm.axis), cluster)
+        where = (rank, op.comm.axis)
+        group = groups.get(where)
+        if group is None:
+            group = groups[where] = mesh.group_of(rank, op.comm.axis)
+        key = (op.comm, group)
+        seconds = comm_times.get(key)
+        if seconds is None:  # each layer repeats the same collectives: priced once
+            seconds = comm_times[key] = step_time(op.comm, group, cluster)
+        return seconds
 
     timeline = simulate(
         program, durations, overlap_slowdown=cluster.overlap_slowdown, role_of=roles.__getitem__
     )
     op_times = {e.name: e.duration for e in timeline.events_of(mesh.ranks[0])}
-    dtypes = Counter(training.type_of(v).dtype for op in training.ops for v in op.outputs)
-    float_dtypes = [d for d, _ in dtypes.most_common() if d.startswith(("float", "bfloat"))]
+    facts = training_facts(training)
     return PlanCost(
         cluster=cluster,
         op_times=op_times,
         timeline=timeline,
         memory=memory_profile(program, training),
-        model_flops=model_flops(training),
-        tokens=tokens_per_step(training),
-        dtype=float_dtypes[0] if float_dtypes else "float32",
+        model_flops=facts.model_flops,
+        tokens=facts.tokens,
+        dtype=facts.dtype,
         devices=mesh.size,
-        hardware_flops=hardware_flops(training),
+        hardware_flops=facts.hardware_flops,
     )
+
+
+@dataclass(frozen=True)
+class TrainingFacts:
+    """What every costing of one training graph shares: FLOPs, tokens and main dtype."""
+
+    model_flops: int
+    hardware_flops: int
+    tokens: int
+    dtype: str
+
+
+def training_facts(training: Graph) -> TrainingFacts:
+    """The graph's `TrainingFacts`, counted once and kept on the graph (a plan's stages
+    are costed several times over the same training graph)."""
+    known = training.__dict__.get("_training_facts")
+    if isinstance(known, TrainingFacts):
+        return known
+    dtypes = Counter(training.type_of(v).dtype for op in training.ops for v in op.outputs)
+    floats = [d for d, _ in dtypes.most_common() if d.startswith(("float", "bfloat"))]
+    facts = TrainingFacts(
+        model_flops(training),
+        hardware_flops(training),
+        tokens_per_step(training),
+        floats[0] if floats else "float32",
+    )
+    training.__dict__["_training_facts"] = facts
+    return facts

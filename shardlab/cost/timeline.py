@@ -28,6 +28,7 @@ simulated by one representative; a mixed set is simulated rank by rank with true
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -574,12 +575,16 @@ class _Engine:
 def _events(ops: Sequence[DistOp], schedule: Schedule) -> list[Event]:
     """Events of one rank in start order, with each comm op's exposed seconds."""
     compute = _union([(s, e) for i, s, e in schedule if ops[i].stream == COMPUTE])
+    compute_ends = [e for _, e in compute]
     out: list[Event] = []
     for i, start, end in sorted(schedule, key=lambda x: (x[1], x[0])):
         op = ops[i]
         comm = op.stream != COMPUTE
         nbytes = op.comm.bytes_per_rank if op.comm else float(op.attrs.get("bytes", 0.0))
-        exposed = (end - start) - _overlap([(start, end)], compute) if comm else 0.0
+        exposed = 0.0
+        if comm:  # the compute intervals it overlaps start at the first that ends after it
+            first = bisect.bisect_right(compute_ends, start)
+            exposed = (end - start) - _overlap([(start, end)], compute, first)
         out.append(
             Event(
                 op.name,
@@ -611,9 +616,10 @@ def _measure(intervals: Sequence[Interval]) -> float:
     return sum(end - start for start, end in intervals)
 
 
-def _overlap(a: Sequence[Interval], b: Sequence[Interval]) -> float:
-    """Length of the intersection of two sorted disjoint interval lists."""
-    total, j = 0.0, 0
+def _overlap(a: Sequence[Interval], b: Sequence[Interval], j: int = 0) -> float:
+    """Length of the intersection of two sorted disjoint interval lists (`b` from index `j`:
+    none before it can meet `a`)."""
+    total = 0.0
     for start, end in a:
         while j < len(b) and b[j][1] <= start:
             j += 1

@@ -26,19 +26,28 @@ Every value records the decisions that gave its placement, for `explain`.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.autodiff import forward_op_of, gradient_of
-from shardlab.errors import PlacementError, ShardlabError
+from shardlab.errors import GraphError, ShardlabError
 from shardlab.ir import SOURCE_KINDS, Graph, Op, OpRole, ValueKind
-from shardlab.placement import DistSpec, Partial, Placement, Replicate, check_placements
+from shardlab.placement import (
+    DistSpec,
+    Partial,
+    Placement,
+    Replicate,
+)
 from shardlab.recompute import kept_name
+from shardlab.repeats import Repeats, Segment, repeats_of, split_name, translate
+from shardlab.spmd.constraints import Constraints, resolve_annotations
 from shardlab.spmd.cost import reshard_cost
 from shardlab.spmd.engine import infer
+from shardlab.spmd.folding import FoldedMap, Recorder, rename_text
 from shardlab.spmd.result import RuleResult
-from shardlab.strategy import Annotation, Strategy, StrategyError, match_values
-from shardlab.templates import template_annotations
+from shardlab.strategy import Annotation, Strategy
 
 MAX_ROUNDS = 4
 
@@ -59,13 +68,15 @@ class CompletedGraph:
 
     graph: Graph
     strategy: Strategy
-    specs: dict[str, DistSpec]
-    rules: dict[str, RuleResult]
-    arriving: dict[str, tuple[DistSpec, ...]]
-    decisions: dict[str, list[Decision]]
+    specs: Mapping[str, DistSpec]
+    rules: Mapping[str, RuleResult]
+    arriving: Mapping[str, tuple[DistSpec, ...]]
+    decisions: Mapping[str, list[Decision]]
     constraints: dict[str, dict[int, tuple[Placement, Annotation]]]
     unmatched: list[Annotation] = field(default_factory=list)
     rounds: int = 1
+    #: layer segments that took a twin's results (`spmd.folding`) in the last pass
+    folded_segments: int = 0
 
     @property
     def mesh(self) -> Any:
@@ -88,6 +99,19 @@ class CompletedGraph:
                 out.append((op.name, i, self.arriving[op.name][i], rule.input_specs[i]))
         return out
 
+    def repetition(self) -> dict[str, int]:
+        """How much of the graph is repeated layers, and how much completion folded: layer
+        segments (a layer's ops of one role), distinct bodies among them, and the segments
+        that took a twin's results instead of being completed."""
+        repeats = repeats_of(self.graph)
+        layer_segments = sum(1 for s in repeats.segments if s.cls >= 0)
+        return {
+            "layers": repeats.layer_count(),
+            "layer_segments": layer_segments,
+            "distinct_bodies": len(repeats.classes),
+            "folded": self.folded_segments,
+        }
+
     def summary(self) -> dict[str, Any]:
         reshards = self.reshards()
         return {
@@ -103,56 +127,18 @@ class CompletedGraph:
         }
 
 
-def resolve_annotations(
-    graph: Graph, strategy: Strategy
-) -> tuple[dict[str, dict[int, tuple[Placement, Annotation]]], list[Annotation]]:
-    """Per value, per mesh axis index, the placement asked for and the annotation asking."""
-    mesh = strategy.mesh
-    names = graph.values.keys()
-    constraints: dict[str, dict[int, tuple[Placement, Annotation]]] = {}
-    unmatched: list[Annotation] = []
-    annotations = [*template_annotations(graph, mesh, strategy.templates), *strategy.annotations]
-    for ann in annotations:
-        matched = match_values(ann.pattern, names)
-        if not matched:
-            if ann.source == "user":
-                raise StrategyError(
-                    f"annotation {ann.text()!r} matches no value of graph {graph.name!r}",
-                    annotation=ann.text(),
-                )
-            unmatched.append(ann)
-        for name in matched:
-            slot = constraints.setdefault(name, {})
-            for axis, placement in ann.placements:
-                slot[mesh.axis_index(axis)] = (placement, ann)
-    for name, slot in constraints.items():
-        placements = [slot[k][0] if k in slot else Replicate() for k in range(mesh.ndim)]
-        try:
-            check_placements(graph.type_of(name).shape, mesh, placements, what=name)
-        except PlacementError as exc:
-            sources = sorted({_asker(a) for _, a in slot.values()})
-            raise PlacementError(
-                f"{exc.message} (asked by annotation {', '.join(sources)})", **exc.detail
-            ) from None
-    return constraints, unmatched
-
-
-def _asker(ann: Annotation) -> str:
-    """An annotation as an error names it: its text, and the template that made it."""
-    template = ann.source.removeprefix("template:")
-    return repr(ann.text()) + (f" from template {template}" if template != ann.source else "")
-
-
-def complete(graph: Graph, strategy: Strategy) -> CompletedGraph:
-    """Propagate placements over `graph` until a fixpoint; see the module docstring."""
-    constraints, unmatched = resolve_annotations(graph, strategy)
+def complete(graph: Graph, strategy: Strategy, fold: bool = True) -> CompletedGraph:
+    """Propagate placements over `graph` until a fixpoint; see the module docstring.
+    `fold=False` completes every repeated layer for real (the folded result is equal)."""
+    resolved = resolve_annotations(graph, strategy)
+    constraints, unmatched = resolved.slots, resolved.unmatched
     backward: dict[str, DistSpec] = {}
-    result = _forward(graph, strategy, constraints, backward)
+    result = _forward(graph, strategy, resolved, backward, fold)
     for rounds in range(2, MAX_ROUNDS + 1):
         changed = _backward(graph, result, constraints, backward)
         if not changed:
             break
-        result = _forward(graph, strategy, constraints, backward)
+        result = _forward(graph, strategy, resolved, backward, fold)
         result.rounds = rounds
     result.unmatched = unmatched
     return result
@@ -170,82 +156,257 @@ def _annotation_text(slot: dict[int, tuple[Placement, Annotation]]) -> str:
     return ", ".join(f"{t!r} ({s})" for t, s in anns.items())
 
 
+class _Walk:
+    """One forward pass of completion: its results so far, the state rules read (through
+    the recorder, so that a repeated layer can be folded onto a twin: `spmd.folding`)."""
+
+    def __init__(
+        self, graph: Graph, strategy: Strategy, resolved: Constraints, backward: dict[str, DistSpec]
+    ) -> None:
+        constraints = resolved.slots
+        self.graph, self.mesh = graph, strategy.mesh
+        self.repeats = repeats = repeats_of(graph)
+        self.folded: dict[int, int] = {}  # folded segment -> its twin
+        values, owner_v = (lambda: graph.values.keys()), repeats.value_segment
+        ops, owner_o = (lambda: (op.name for op in graph.ops)), repeats.op_segment
+        self.specs: FoldedMap[DistSpec] = FoldedMap(repeats, owner_v, self.folded, values)
+        self.decisions: FoldedMap[list[Decision]] = FoldedMap(
+            repeats, owner_v, self.folded, values, _renamed_decisions
+        )
+        self.rules: FoldedMap[RuleResult] = FoldedMap(repeats, owner_o, self.folded, ops)
+        self.arriving: FoldedMap[tuple[DistSpec, ...]] = FoldedMap(
+            repeats, owner_o, self.folded, ops
+        )
+        self.copies: dict[str, set[tuple[Placement, ...]]] = {}  # copies the lowering reuses
+        self.constraints, self.backward = constraints, backward
+        self.pins = _pins(graph, constraints, self.mesh.ndim, use=False)
+        self.gathers = _pins(graph, constraints, self.mesh.ndim, use=True)
+        self.rec = Recorder(owner_v)
+        if resolved.layer_blind and not backward:  # the layers of a class share their slots
+            self.uniform = {s.index for s in repeats.segments}
+        else:
+            self.uniform = _uniform_segments(repeats, constraints, backward)
+
+    # -- reads, noted by the recorder -----------------------------------------------------
+
+    def spec(self, v: str) -> DistSpec | None:
+        spec: DistSpec | None = self.specs.get(v)
+        return self.rec.read("specs", v, spec)
+
+    def constraint(self, v: str) -> dict[int, tuple[Placement, Annotation]] | None:
+        slot = self.constraints.get(v)
+        seg = self.rec.current
+        if seg is None:
+            return slot
+        return self.rec.read("constraints", v, slot, _slot_key(slot, seg.family, seg.layer))
+
+    def requested(self, v: str) -> DistSpec | None:
+        return self.rec.read("backward", v, self.backward.get(v))
+
+    def pinned(self, v: str, optimizer: bool) -> tuple[Placement | None, ...] | None:
+        table = "pins" if optimizer else "gathers"
+        pins = self.pins if optimizer else self.gathers
+        return self.rec.read(table, v, pins.get(v))
+
+    def copies_of(self, v: str) -> frozenset[tuple[Placement, ...]]:
+        return self.rec.read("copies", v, frozenset(self.copies.get(v, ())))
+
+    def saved(self, op: Op) -> dict[str, DistSpec]:
+        if op.role != OpRole.BACKWARD:
+            return {}
+        found = _saved_specs(self.graph, op, self.rules, self.specs)
+        index = {v: i for i, v in enumerate(op.inputs)}
+        self.rec.read("saved", op.name, sorted((index[v], s) for v, s in found.items()))
+        return found
+
+    def lookup(self, table: str, name: str, segment: Segment | None = None) -> Any:
+        """What a read of `table` under `name` gives now (without noting it), as the
+        recorder compares it for `segment`."""
+        if table == "specs":
+            return self.specs.get(name)
+        if table == "constraints":
+            slot = self.constraints.get(name)
+            return slot if segment is None else _slot_key(slot, segment.family, segment.layer)
+        if table == "backward":
+            return self.backward.get(name)
+        if table == "pins":
+            return self.pins.get(name)
+        if table == "gathers":
+            return self.gathers.get(name)
+        if table == "copies":
+            return frozenset(self.copies.get(name, ()))
+        if table == "saved":
+            try:
+                op = self.graph.op(name)
+            except GraphError:
+                return None
+            found = _saved_specs(self.graph, op, self.rules, self.specs)
+            index = {v: i for i, v in enumerate(op.inputs)}
+            return sorted((index[v], s) for v, s in found.items())
+        raise KeyError(table)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def place(self, v: str, spec: DistSpec, trail: list[Decision]) -> None:
+        self.specs[v] = spec
+        self.decisions[v] = trail
+        self.rec.wrote("specs", v)
+
+    def add_copy(self, v: str, placements: tuple[Placement, ...]) -> None:
+        self.copies.setdefault(v, set()).add(placements)
+        self.rec.copied(v, placements)
+
+    def fold(self, segment: Segment) -> bool:
+        """Give `segment` the results of a twin whose outside reads hold here."""
+        twin = self.rec.twin(segment, self.lookup, self.uniform.__contains__)
+        if twin is None:
+            return False
+        self.folded[segment.index] = twin.segment.index
+        t = twin.segment
+        for name, placements in twin.copies:
+            renamed = translate(name, t.family, t.layer, segment.layer)
+            if renamed is not None:
+                self.copies.setdefault(renamed, set()).add(placements)
+        return True
+
+
+def _slot_key(slot: dict[int, tuple[Placement, Annotation]] | None, family: str, layer: int) -> Any:
+    """An annotation slot as a layer compares it with its twin's: placements and the
+    annotations asking, their patterns relative to the layer."""
+    if slot is None:
+        return None
+    return tuple(
+        (k, p, a.source, a.pin, a.note, _relative_pattern(a.pattern, family, layer))
+        for k, (p, a) in sorted(slot.items())
+    )
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _relative_pattern(pattern: str, family: str, layer: int) -> str:
+    return rename_text(pattern, family, layer, 0) if family else pattern
+
+
+def _uniform_segments(
+    repeats: Repeats,
+    constraints: Mapping[str, dict[int, tuple[Placement, Annotation]]],
+    backward: Mapping[str, DistSpec],
+) -> set[int]:
+    """Layer segments whose own annotations and backward-step requests equal those of the
+    first segment of their class, renamed (`folding.CONSTANT_TABLES`)."""
+    owner, segments = repeats.value_segment, repeats.segments
+    own: dict[int, dict[tuple[str, str], Any]] = {}
+    for table, entries in (("c", constraints), ("b", backward)):
+        for name, entry in entries.items():
+            seg = owner.get(name)
+            if seg is None or segments[seg].cls < 0:
+                continue
+            s = segments[seg]
+            split = split_name(name, s.family)
+            rel = name if split is None else f"{split[0] - s.layer}{split[1]}"
+            key = _slot_key(entry, s.family, s.layer) if table == "c" else entry  # type: ignore[arg-type]
+            own.setdefault(seg, {})[(table, rel)] = key
+    uniform: set[int] = set()
+    for members in repeats.classes:
+        first = own.get(members[0], {})
+        uniform.update(m for m in members if own.get(m, {}) == first)
+    return uniform
+
+
+def _renamed_decisions(trail: list[Decision], twin: Segment, segment: Segment) -> list[Decision]:
+    """A twin layer's decisions, naming `segment`'s layer's ops and values."""
+    fam, a, b = segment.family, twin.layer, segment.layer
+    return [
+        Decision(d.spec, d.source, rename_text(d.detail, fam, a, b),
+                 rename_text(d.op, fam, a, b) if d.op is not None else None)
+        for d in trail
+    ]  # fmt: skip
+
+
 def _forward(
     graph: Graph,
     strategy: Strategy,
-    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
+    resolved: Constraints,
     backward: dict[str, DistSpec],
+    fold: bool = True,
 ) -> CompletedGraph:
-    mesh = strategy.mesh
-    replicated = DistSpec.replicated(mesh)
-    specs: dict[str, DistSpec] = {}
-    decisions: dict[str, list[Decision]] = {}
-    for value in graph.values.values():
-        slot = constraints.get(value.name)
-        if graph.producer(value.name) is None and slot:
-            specs[value.name] = _constrained(replicated, slot)
-            decisions[value.name] = [
-                Decision(
-                    str(specs[value.name]), "annotation", f"annotated {_annotation_text(slot)}"
-                )
-            ]
-    rules: dict[str, RuleResult] = {}
-    arriving: dict[str, tuple[DistSpec, ...]] = {}
-    pins = _pins(graph, constraints, mesh.ndim, use=False)
-    gathers = _pins(graph, constraints, mesh.ndim, use=True)
-    copies: dict[str, set[tuple[Placement, ...]]] = {}  # resharded copies the lowering reuses
+    w = _Walk(graph, strategy, resolved, backward)
+    constraints = resolved.slots
+    replicated = DistSpec.replicated(w.mesh)
+    said: dict[int, tuple[DistSpec, Decision]] = {}  # layers sharing a slot share a decision
+    for name, slot in constraints.items():
+        if graph.producer(name) is None and slot:
+            if id(slot) not in said:
+                spec = _constrained(replicated, slot)
+                text = f"annotated {_annotation_text(slot)}"
+                said[id(slot)] = (spec, Decision(str(spec), "annotation", text))
+            spec, decision = said[id(slot)]
+            w.place(name, spec, [decision])
     in_forward = True
-    for op in graph.ops:
-        if in_forward and op.role == OpRole.BACKWARD:
+    for seg in w.repeats.segments:
+        if in_forward and graph.ops[seg.start].role == OpRole.BACKWARD:
             in_forward = False
-            _forget_forward_copies(graph, copies, specs)
-        in_specs = [specs.get(v) for v in op.inputs]
-        hints = [_hint(graph, constraints, backward, specs, v, mesh.ndim) for v in op.outputs]
-        inplace = _inplace(graph, op)
-        saved = _saved_specs(graph, op, rules, specs)
-        sources = pins if op.role == OpRole.OPTIMIZER else gathers
-        in_hints = [saved[v].placements if v in saved else sources.get(v) for v in op.inputs]
-        try:
-            rule = infer(
-                op.kind,
-                [graph.type_of(v) for v in op.inputs],
-                in_specs,
-                op.attrs,
-                mesh,
-                hints,
-                inplace,
-                in_hints,
-                [_deferrable(graph, v) for v in op.outputs],
-                [frozenset(copies.get(v, ())) for v in op.inputs],
+            _forget_forward_copies(graph, w.copies, w.specs)
+        if seg.cls >= 0 and fold:
+            if w.fold(seg):
+                continue
+            w.rec.start(seg)
+        for op in graph.ops[seg.start : seg.stop]:
+            _complete_op(w, op)
+        w.rec.stop()
+    folded, owner = w.folded, w.repeats.value_segment
+    for name in graph.values:
+        if owner.get(name) not in folded and name not in w.specs.own:
+            w.place(name, replicated, [Decision(str(replicated), "default",
+                                                "never read: replicated")])  # fmt: skip
+    done = CompletedGraph(graph, strategy, w.specs, w.rules, w.arriving, w.decisions, constraints)
+    done.folded_segments = len(folded)
+    return done
+
+
+def _complete_op(w: _Walk, op: Op) -> None:
+    """Apply `op`'s rule to the specs its inputs arrive in; place its free inputs and its
+    outputs."""
+    graph, mesh = w.graph, w.mesh
+    in_specs = [w.spec(v) for v in op.inputs]
+    hints = [_hint(w, v) for v in op.outputs]
+    inplace = _inplace(graph, op)
+    saved = w.saved(op)
+    optimizer = op.role == OpRole.OPTIMIZER
+    in_hints = [saved[v].placements if v in saved else w.pinned(v, optimizer) for v in op.inputs]
+    try:
+        rule = infer(
+            op.kind,
+            [graph.type_of(v) for v in op.inputs],
+            in_specs,
+            op.attrs,
+            mesh,
+            hints,
+            inplace,
+            in_hints,
+            [_deferrable(graph, v) for v in op.outputs],
+            [w.copies_of(v) for v in op.inputs],
+        )
+    except ShardlabError as exc:
+        raise type(exc)(f"op {op.name!r} ({op.kind}): {exc.message}", op=op.name) from None
+    w.rules[op.name] = rule
+    for v, have, need in zip(op.inputs, in_specs, rule.input_specs, strict=True):
+        if have is not None and have != need:
+            w.add_copy(v, need.placements)
+        if have is None:
+            stored = DistSpec(
+                mesh, tuple(Replicate() if isinstance(p, Partial) else p for p in need.placements)
             )
-        except ShardlabError as exc:
-            raise type(exc)(f"op {op.name!r} ({op.kind}): {exc.message}", op=op.name) from None
-        rules[op.name] = rule
-        for v, have, need in zip(op.inputs, in_specs, rule.input_specs, strict=True):
-            if have is not None and have != need:
-                copies.setdefault(v, set()).add(need.placements)
-            if have is None:
-                stored = DistSpec(
-                    mesh,
-                    tuple(Replicate() if isinstance(p, Partial) else p for p in need.placements),
-                )
-                detail = f"free; takes what its first consumer {op.name!r} ({op.kind}) needs"
-                if stored != need:  # a value is never stored as partial sums
-                    detail += f" ({need}), replicated where it would be partial"
-                specs[v] = stored
-                decisions[v] = [Decision(str(stored), "consumer", detail, op.name)]
-        arriving[op.name] = tuple(specs[v] for v in op.inputs)
-        for j, v in enumerate(op.outputs):
-            _place_output(graph, op, j, v, rule, inplace, specs, decisions, constraints)
-    for value in graph.values.values():
-        if value.name not in specs:
-            specs[value.name] = replicated
-            decisions[value.name] = [Decision(str(replicated), "default", "never read: replicated")]
-    return CompletedGraph(graph, strategy, specs, rules, arriving, decisions, constraints)
+            detail = f"free; takes what its first consumer {op.name!r} ({op.kind}) needs"
+            if stored != need:  # a value is never stored as partial sums
+                detail += f" ({need}), replicated where it would be partial"
+            w.place(v, stored, [Decision(str(stored), "consumer", detail, op.name)])
+    w.arriving[op.name] = tuple(w.specs[v] for v in op.inputs)
+    for j, v in enumerate(op.outputs):
+        _place_output(w, op, j, v, rule, inplace)
 
 
 def _forget_forward_copies(
-    graph: Graph, copies: dict[str, set[tuple[Placement, ...]]], specs: dict[str, DistSpec]
+    graph: Graph, copies: dict[str, set[tuple[Placement, ...]]], specs: Mapping[str, DistSpec]
 ) -> None:
     """As the lowering does when the backward starts: keep only the copies cut from a value
     locally (a slice; nothing moved), since a gathered copy is not kept for the backward."""
@@ -255,22 +416,15 @@ def _forget_forward_copies(
 
 
 def _place_output(
-    graph: Graph,
-    op: Op,
-    j: int,
-    name: str,
-    rule: RuleResult,
-    inplace: list[int | None],
-    specs: dict[str, DistSpec],
-    decisions: dict[str, list[Decision]],
-    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
+    w: _Walk, op: Op, j: int, name: str, rule: RuleResult, inplace: list[int | None]
 ) -> None:
     produced = rule.output_specs[j]
     trail = [Decision(str(produced), "producer", rule.reason, op.name)]
     spec = produced
     source = inplace[j]
     if source is not None:
-        state = specs[op.inputs[source]]
+        state = w.spec(op.inputs[source])
+        assert state is not None  # state is placed before it is updated
         if state != spec:
             trail.append(
                 Decision(
@@ -281,7 +435,7 @@ def _place_output(
                 )
             )
         spec = state
-    slot = constraints.get(name) or constraints.get(kept_name(name))  # a replay: as forward
+    slot = w.constraint(name) or w.constraint(kept_name(name))  # a replay: as forward
     if slot:
         wanted = _constrained(spec, slot)
         if wanted != spec:
@@ -299,28 +453,23 @@ def _place_output(
                 Decision(str(spec), "annotation", f"as annotated {_annotation_text(slot)}")
             )
         spec = wanted
-    specs[name] = spec
-    decisions[name] = trail
+    w.place(name, spec, trail)
 
 
-def _hint(
-    graph: Graph,
-    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
-    backward: dict[str, DistSpec],
-    specs: dict[str, DistSpec],
-    name: str,
-    ndim: int,
-) -> tuple[Placement | None, ...] | None:
+def _hint(w: _Walk, name: str) -> tuple[Placement | None, ...] | None:
     """The placements an output should come out in: a backward-step request, its
     annotation, or - for a gradient `<v>.grad` - the layout of `v`."""
-    if name in backward:
-        return backward[name].placements
-    slot = constraints.get(name) or constraints.get(kept_name(name))
+    requested = w.requested(name)
+    if requested is not None:
+        return requested.placements
+    slot = w.constraint(name) or w.constraint(kept_name(name))
     if slot:  # a recomputed value is laid out like the value it replays
-        return tuple(slot[k][0] if k in slot else None for k in range(ndim))
+        return tuple(slot[k][0] if k in slot else None for k in range(w.mesh.ndim))
     base = gradient_of(name)
-    if base is not None and base in specs and graph.value(name).kind == ValueKind.GRAD:
-        return tuple(None if isinstance(p, Partial) else p for p in specs[base].placements)
+    if base is not None and w.graph.value(name).kind == ValueKind.GRAD:
+        spec = w.spec(base)
+        if spec is not None:
+            return tuple(None if isinstance(p, Partial) else p for p in spec.placements)
     return None
 
 
@@ -330,9 +479,19 @@ PASS_PARTIAL = frozenset({"add", "sub"})
 
 def _deferrable(graph: Graph, name: str) -> bool:
     """True when every consumer of `name` is a sum, which reduces partial inputs together
-    (gradient contributions summed into one gradient, a residual add)."""
+    (gradient contributions summed into one gradient, a residual add), or when `name` is a
+    parameter's gradient: data parallelism reduces it once per step, bucketed and overlapped
+    with the backward (`passes.data_parallel`), not where it is made."""
     consumers = graph.consumers(name)
-    return bool(consumers) and all(op.kind in PASS_PARTIAL for op in consumers)
+    if bool(consumers) and all(op.kind in PASS_PARTIAL for op in consumers):
+        return True
+    base = gradient_of(name)
+    return (
+        base is not None
+        and base in graph.values
+        and graph.values[name].kind == ValueKind.GRAD
+        and graph.values[base].kind == ValueKind.PARAM
+    )
 
 
 def _pins(
@@ -345,19 +504,23 @@ def _pins(
     is pinned, its annotated placement; where it is not (FSDP, ZeRO-3) and `use` is asked
     (a compute op, not the optimizer), replicated: the recipe gathers it before use."""
     out: dict[str, tuple[Placement | None, ...]] = {}
+    known: dict[int, tuple[Placement | None, ...] | None] = {}  # by slot: layers share them
     for name, slot in constraints.items():
         if graph.producer(name) is not None:
             continue
-        fixed: list[Placement | None] = [None] * ndim
-        for k, (placement, ann) in slot.items():
-            fixed[k] = placement if ann.pin else (Replicate() if use else None)
-        if any(p is not None for p in fixed):
-            out[name] = tuple(fixed)
+        if id(slot) not in known:
+            fixed: list[Placement | None] = [None] * ndim
+            for k, (placement, ann) in slot.items():
+                fixed[k] = placement if ann.pin else (Replicate() if use else None)
+            known[id(slot)] = tuple(fixed) if any(p is not None for p in fixed) else None
+        pinned = known[id(slot)]
+        if pinned is not None:
+            out[name] = pinned
     return out
 
 
 def _saved_specs(
-    graph: Graph, op: Op, rules: dict[str, RuleResult], specs: dict[str, DistSpec]
+    graph: Graph, op: Op, rules: Mapping[str, RuleResult], specs: Mapping[str, DistSpec]
 ) -> dict[str, DistSpec]:
     """For a backward op, the specs in which its forward op read its inputs, and the specs
     of the forward op's outputs: the layout of the tensors autograd saves for it."""
@@ -409,7 +572,8 @@ def _backward(
     backward: dict[str, DistSpec],
 ) -> bool:
     changed = False
-    for op in reversed(graph.ops):
+    for index in reversed(repeats_of(graph).source_fed):
+        op = graph.ops[index]
         if not _free_producer(graph, op, constraints):
             continue
         for v in op.outputs:

@@ -255,7 +255,12 @@ def _output_target(
         base = tuple(
             Replicate() if isinstance(p, Partial) and not ctx.defers(j) else p for p in produced
         )
-    return tuple(hint if (hint := ctx.hint_at(j, k)) is not None else p for k, p in enumerate(base))
+    out = []
+    for k, p in enumerate(base):
+        hint = ctx.hint_at(j, k)
+        deferred = isinstance(p, Partial) and isinstance(hint, Replicate) and ctx.defers(j)
+        out.append(p if hint is None or deferred else hint)  # a deferred sum stays partial
+    return tuple(out)
 
 
 def _divides(ctx: RuleContext, sig: Signature, letter: str, need: int) -> bool:

@@ -1,0 +1,125 @@
+"""Annotations -> per-value constraints: the placements asked for, by mesh axis.
+
+Templates first, in order, then the user's annotations; a later one overrides an earlier
+one on the same value and mesh axis. Every constrained value is checked to fit its
+placements (an error names the value and the annotations that asked).
+
+Repeated layers are resolved once: when every annotation that reaches a repeated layer is a
+glob that cannot tell layers apart (`layers.*.attn.q_proj.weight`; see
+`Repeats.match`), the annotations are resolved on one layer of each class and the other
+layers of the class share its slots (`Constraints.layer_blind`). Otherwise (a template
+that names each layer's parameters, a user annotation on `layers.3.*`) every value is
+resolved by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardlab.annotation import Annotation, match_values
+from shardlab.errors import PlacementError
+from shardlab.ir import Graph
+from shardlab.placement import Placement, Replicate, check_placements, local_shape
+from shardlab.repeats import Repeats, is_glob, layer_blind, repeats_of, translate
+from shardlab.strategy import Strategy, StrategyError
+from shardlab.templates import template_annotations
+
+#: per mesh axis index, the placement asked for and the annotation asking
+Slot = dict[int, tuple[Placement, Annotation]]
+
+
+@dataclass
+class Constraints:
+    """The resolved annotations of a graph under a strategy."""
+
+    slots: dict[str, Slot]
+    unmatched: list[Annotation] = field(default_factory=list)
+    #: the layers of a class share their slots (resolved once, see the module docstring)
+    layer_blind: bool = False
+
+
+def resolve_annotations(graph: Graph, strategy: Strategy) -> Constraints:
+    """Per value, per mesh axis index, the placement asked for and the annotation asking."""
+    mesh = strategy.mesh
+    repeats = repeats_of(graph)
+    annotations = [*template_annotations(graph, mesh, strategy.templates), *strategy.annotations]
+    blind = all(_blind(ann, repeats) for ann in annotations)
+    slots: dict[str, Slot] = {}
+    unmatched: list[Annotation] = []
+    for ann in annotations:
+        if blind:
+            matched = _on_representatives(ann, graph, repeats)
+        else:
+            matched = repeats.match(ann.pattern, graph.values.keys())
+        if not matched:
+            if ann.source == "user":
+                raise StrategyError(
+                    f"annotation {ann.text()!r} matches no value of graph {graph.name!r}",
+                    annotation=ann.text(),
+                )
+            unmatched.append(ann)
+        for name in matched:
+            slot = slots.setdefault(name, {})
+            for axis, placement in ann.placements:
+                slot[mesh.axis_index(axis)] = (placement, ann)
+    _check(graph, strategy, slots)
+    if blind:
+        _share(repeats, slots)
+    return Constraints(slots, unmatched, blind)
+
+
+def _blind(ann: Annotation, repeats: Repeats) -> bool:
+    """True when `ann` reaches every layer of a class alike: a layer-blind glob, or an exact
+    name outside the repeated layers."""
+    if is_glob(ann.pattern):
+        return layer_blind(ann.pattern)
+    seg = repeats.value_segment.get(ann.pattern)
+    if seg is None:
+        return True
+    cls = repeats.segments[seg].cls
+    return cls < 0 or len(repeats.classes[cls]) == 1
+
+
+def _on_representatives(ann: Annotation, graph: Graph, repeats: Repeats) -> list[str]:
+    """The names a layer-blind annotation matches among the representatives."""
+    if is_glob(ann.pattern):
+        return match_values(ann.pattern, repeats.representatives)
+    return [ann.pattern] if ann.pattern in graph.values else []
+
+
+def _share(repeats: Repeats, slots: dict[str, Slot]) -> None:
+    """Give every later layer of a class the slots of the class's first layer."""
+    segments = repeats.segments
+    for members in repeats.classes:
+        first = segments[members[0]]
+        owned = [n for n in repeats.owned.get(first.index, ()) if n in slots]
+        for m in members[1:]:
+            layer = segments[m].layer
+            for name in owned:
+                renamed = translate(name, first.family, first.layer, layer)
+                if renamed is not None:
+                    slots[renamed] = slots[name]
+
+
+def _check(graph: Graph, strategy: Strategy, slots: dict[str, Slot]) -> None:
+    """Every constrained value fits its placements (once per distinct value type)."""
+    mesh = strategy.mesh
+    for name, slot in slots.items():
+        placements = [slot[k][0] if k in slot else Replicate() for k in range(mesh.ndim)]
+        shape = graph.type_of(name).shape
+        try:
+            try:
+                local_shape(shape, mesh, placements)
+            except PlacementError:
+                check_placements(shape, mesh, placements, what=name)
+        except PlacementError as exc:
+            sources = sorted({_asker(a) for _, a in slot.values()})
+            raise PlacementError(
+                f"{exc.message} (asked by annotation {', '.join(sources)})", **exc.detail
+            ) from None
+
+
+def _asker(ann: Annotation) -> str:
+    """An annotation as an error names it: its text, and the template that made it."""
+    template = ann.source.removeprefix("template:")
+    return repr(ann.text()) + (f" from template {template}" if template != ann.source else "")
