@@ -49,6 +49,15 @@ export function fmtInt(n) {
 }
 
 /** Colours of op roles, used by the graph, timeline and legends alike. */
+/** Colours of the five memory categories (the API's labels). */
+export const CATEGORY_COLORS = {
+  parameters: "#4c78a8",
+  gradients: "#f58518",
+  "optimizer state": "#54a24b",
+  activations: "#b279a2",
+  buffers: "#e45756",
+};
+
 export const ROLE_COLORS = {
   forward: "#4c78a8",
   backward: "#f58518",

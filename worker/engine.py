@@ -23,6 +23,7 @@ from shardlab.cost.clusters import cluster_from_dict
 from shardlab.cost.model import PlanCost
 from shardlab.cost.timeline import COMPUTE
 from shardlab.cost.trace import chrome_trace
+from shardlab.export.schedule_view import schedule_json, units_json
 from shardlab.graph_json import graph_from_json
 from shardlab.plan import Plan, PlanStage, build_plan
 from shardlab.program import DistOp, DistProgram
@@ -258,6 +259,10 @@ def run_plan(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
         progress(0.95, "timelines and memory per stage")
         artifacts["timelines"] = timelines_json(plan)
         artifacts["memory"] = memory_json(plan)
+    elif plan.pipeline is not None and plan.pipeline.cost is not None:
+        progress(0.95, "the pipeline's schedule slots")
+        artifacts["schedule"] = schedule_json(plan.pipeline.cost)
+        artifacts["schedule_units"] = units_json(plan.pipeline.cost)
     return {"summary": plan.summary(), "artifacts": artifacts}
 
 

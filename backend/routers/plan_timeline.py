@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from backend.deps import PrincipalDep, SessionDep
 from backend.errors import ApiError
 from backend.orm import Plan
-from backend.routers.plans import artifact, built_plan
+from backend.routers.plans import artifact, costed_plan
 from backend.schemas.common import PathId, errors
 from shardlab.cost.memory import layer_scope
 
@@ -48,15 +48,7 @@ RankQuery = Annotated[
 
 def _costed(session: Session, team_id: int, plan_id: int, kind: str) -> tuple[Plan, Any]:
     """The built plan and its `kind` artifact; 404 for a plan planned without a cluster."""
-    plan = built_plan(session, team_id, plan_id)
-    if plan.cluster is None:
-        raise ApiError(
-            404,
-            "not_found",
-            f"plan {plan_id} has no cost: it was planned without a cluster",
-            resource=kind,
-            plan_id=plan_id,
-        )
+    plan = costed_plan(session, team_id, plan_id, kind)
     return plan, artifact(session, plan, kind)
 
 

@@ -1,18 +1,13 @@
 // Memory view (#/plans/:id/memory?stage=): per profiled rank, what is live at the peak by
 // category (stacked bar) against the device's capacity, live bytes over the step, and the
-// largest buffers at the peak.
+// largest buffers at the peak. A pipelined plan shows memory per stage (stage_memory.js).
 import { api, ApiError } from "../api.js";
-import { errorBox, fmtBytes, fmtPercent, h, planTabs, plotly } from "../ui.js";
+import {
+  CATEGORY_COLORS, errorBox, fmtBytes, fmtPercent, h, planTabs, plotly,
+} from "../ui.js";
+import { renderStageMemory } from "./stage_memory.js";
 import { costedPlan } from "./timeline.js";
 
-/** Colours of the five memory categories (the API's labels). */
-export const CATEGORY_COLORS = {
-  parameters: "#4c78a8",
-  gradients: "#f58518",
-  "optimizer state": "#54a24b",
-  activations: "#b279a2",
-  buffers: "#e45756",
-};
 const CAPACITY = "#b3261e";
 
 function ranksText(ranks) {
@@ -146,7 +141,12 @@ export async function render(root, ctx) {
 
   let data;
   try {
-    if (!(await costedPlan(id, body))) return;
+    const plan = await costedPlan(id, body);
+    if (!plan) return;
+    if (plan.summary?.pipeline) { // per stage, as the schedule holds it
+      await renderStageMemory(body, plan.summary.pipeline, ctx);
+      return;
+    }
     data = await load();
   } catch (err) {
     if (err instanceof ApiError && err.status === 404 && err.detail?.resource === "stage") {

@@ -2,11 +2,12 @@
 // stage, ranks x streams on a numeric time axis (ms). Compute and communication are coloured
 // by op role, exposed communication is outlined in red. Zooming records the window in the URL
 // (t0, t1 in seconds, as the API takes them) and refetches it, so bars the API merged split
-// into single ops as you zoom in.
+// into single ops as you zoom in. A pipelined plan's timeline is its schedule (schedule.js).
 import { api, ApiError } from "../api.js";
 import {
   errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, plotly, ROLE_COLORS,
 } from "../ui.js";
+import { renderSchedule } from "./schedule.js";
 
 const EXPOSED = "#7a0010";
 const ROLES = ["forward", "loss", "backward", "optimizer", "comm"];
@@ -191,7 +192,13 @@ export async function render(root, ctx) {
 
   let data;
   try {
-    if (!(await costedPlan(id, body))) return;
+    const plan = await costedPlan(id, body);
+    if (!plan) return;
+    if (plan.summary?.pipeline) { // a pipelined step is its schedule: slots by stage
+      title.textContent = `Plan ${id} · timeline (pipeline schedule)`;
+      await renderSchedule(body, id, ctx);
+      return;
+    }
     data = await fetchTimeline();
   } catch (err) {
     if (err instanceof ApiError && err.status === 404 && err.detail?.resource === "stage") {

@@ -28,17 +28,26 @@ export function recomputePicker(initial) {
   };
 }
 
-/** Schedule, micro-batches and layer balance, shown while the mesh has a `pp` axis;
- * `value()` is the strategy option `pipeline` (null without a pp axis). */
+/** Schedule, micro-batches, virtual stages (interleaved only) and layer balance, shown
+ * while the mesh has a `pp` axis; `value()` is the strategy option `pipeline` (null without
+ * a pp axis). */
 export function pipelinePicker(query) {
   const schedule = select(SCHEDULES, query.get("schedule") || "1f1b");
   const microbatches = h("input", { type: "number", min: 1, step: 1, style: "width: 6rem",
     value: query.get("microbatches") || "", placeholder: "one per stage" });
+  const virtual = h("input", { type: "number", min: 1, step: 1, style: "width: 6rem",
+    value: query.get("virtual_stages") || "", placeholder: "2" });
+  const virtualLabel = labelled("Virtual stages (layer chunks per pipeline stage)", virtual);
   const balance = select(BALANCES, query.get("balance") || "flops");
-  const f = field("pipeline", schedule, microbatches, balance);
+  const f = field("pipeline", schedule, microbatches, virtual, balance);
   const box = h("fieldset", { hidden: true }, h("legend", {}, "Pipeline (mesh axis pp)"),
     labelled("Schedule", schedule), labelled("Micro-batches per step", microbatches),
-    labelled("Layers per stage", balance), f.line);
+    virtualLabel, labelled("Layers per stage", balance), f.line);
+  const showVirtual = () => {
+    for (const el of virtualLabel) el.hidden = schedule.value !== "interleaved";
+  };
+  schedule.addEventListener("change", showVirtual);
+  showVirtual();
   let on = false;
   return {
     field: f,
@@ -52,6 +61,8 @@ export function pipelinePicker(query) {
       const out = { schedule: schedule.value, balance: balance.value };
       const m = Number.parseInt(microbatches.value, 10);
       if (m > 0) out.microbatches = m;
+      const v = Number.parseInt(virtual.value, 10);
+      if (schedule.value === "interleaved" && v > 0) out.virtual_stages = v;
       return out;
     },
   };

@@ -26,7 +26,6 @@ pipeline axis) and the stage assignment, and:
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -35,13 +34,11 @@ from shardlab.cost.clusters import Cluster, check_mesh_fits
 from shardlab.cost.comm import collective_time, step_time
 from shardlab.cost.compute import (
     CalibrationTable,
-    hardware_flops,
-    model_flops,
     program_op_times,
 )
 from shardlab.cost.memory import CATEGORIES, MODEL_STATE, memory_profile
-from shardlab.cost.model import StepFigures, role_of_ranks, tokens_per_step
-from shardlab.cost.timeline import simulate
+from shardlab.cost.model import StepFigures, role_of_ranks, training_facts
+from shardlab.cost.timeline import Event, Timeline, simulate
 from shardlab.ir import DTYPE_BYTES, Graph
 from shardlab.mesh import Mesh
 from shardlab.passes.pipeline_schedule import (
@@ -134,6 +131,27 @@ class PipelineSlotCost(StepFigures):
     devices: int
     #: seconds each micro-batch's sends take per chunk boundary (forward, then backward)
     p2p_s: dict[str, float] = field(default_factory=dict)
+    #: one unit's seconds and simulated events (a representative rank), by (chunk, phase)
+    unit_s: dict[tuple[int, str], float] = field(default_factory=dict)
+    unit_events: dict[tuple[int, str], tuple[Event, ...]] = field(default_factory=dict)
+    #: seconds of one hop, by (from chunk, to chunk, phase)
+    hops: dict[tuple[int, int, str], float] = field(default_factory=dict)
+
+    def slots(self) -> list[StageSlots]:
+        """Every unit of the step as a slot on its stage: phase, model chunk, micro-batch,
+        start and end (the timeline of a pipelined plan; laid out again on demand)."""
+        pp, times = self.pp, self.unit_s
+        starts: list[list[float]] = [[] for _ in range(pp)]
+        orders, _, _ = schedule_step(self.schedule, pp, self.microbatches,
+                                     self.virtual_stages, times, self.hops, starts)  # fmt: skip
+        out = []
+        for s, (order, begun) in enumerate(zip(orders, starts, strict=True)):
+            chunks = [u.chunk * pp + s for u in order]
+            phases: list[str] = [u.phase for u in order]
+            ends = [b + times.get((c, ph), 0.0)
+                    for b, c, ph in zip(begun, chunks, phases, strict=True)]  # fmt: skip
+            out.append(StageSlots(s, phases, chunks, [u.microbatch for u in order], begun, ends))
+        return out
 
     @property
     def step_time(self) -> float:
@@ -212,17 +230,20 @@ def cost_pipeline_slots(
             tails.setdefault(split.stage(i), []).append(i)
         else:
             units.setdefault((place.chunk, place.phase), []).append(i)
-    times = {}
+    times: dict[tuple[int, str], float] = {}
+    unit_events: dict[tuple[int, str], tuple[Event, ...]] = {}
     for (chunk, phase), indices in units.items():
         sub = mesh.submesh(axis, assignment.stage_of_chunk(chunk))
-        times[(chunk, phase)] = _fragment_time(program, sorted(indices), sub, cluster, table)
+        timeline = _fragment_timeline(program, sorted(indices), sub, cluster, table)
+        times[(chunk, phase)] = timeline.step_time
+        rep = min(timeline.events)
+        unit_events[(chunk, phase)] = tuple(timeline.events[rep])
     p2p = _p2p_times(program, split, mesh, axis, cluster)
-    orders = [schedule_units(schedule, pp, s, microbatches, v) for s in range(pp)]
-    ends, busy = _run_schedule(orders, pp, v, times, p2p)
+    orders, ends, busy = schedule_step(schedule, pp, microbatches, v, times, p2p)
     stages = []
     for s in range(pp):
         sub = mesh.submesh(axis, s)
-        tail = _fragment_time(program, sorted(tails.get(s, [])), sub, cluster, table)
+        tail = _fragment_timeline(program, sorted(tails.get(s, [])), sub, cluster, table).step_time
         chunks = tuple(assignment.chunks_of_stage(s))
         stages.append(
             StageCost(
@@ -238,8 +259,7 @@ def cost_pipeline_slots(
                 memory=_stage_memory(program, training, split, s, orders[s], chunks, cluster),
             )
         )
-    dtypes = Counter(training.type_of(x).dtype for op in training.ops for x in op.outputs)
-    floats = [d for d, _ in dtypes.most_common() if d.startswith(("float", "bfloat"))]
+    facts = training_facts(training)
     return PipelineSlotCost(
         cluster=cluster,
         schedule=schedule,
@@ -247,26 +267,30 @@ def cost_pipeline_slots(
         virtual_stages=v,
         stages=stages,
         step=max(st.end_s + st.tail_s for st in stages),
-        model_flops=model_flops(training) * microbatches,
-        hardware_flops=hardware_flops(training) * microbatches,
-        tokens=tokens_per_step(training) * microbatches,
-        dtype=floats[0] if floats else "float32",
+        model_flops=facts.model_flops * microbatches,
+        hardware_flops=facts.hardware_flops * microbatches,
+        tokens=facts.tokens * microbatches,
+        dtype=facts.dtype,
         devices=mesh.size,
         p2p_s={f"{a}->{b} {ph}": t for (a, b, ph), t in sorted(p2p.items())},
+        unit_s=times,
+        unit_events=unit_events,
+        hops=p2p,
     )
 
 
-def _fragment_time(
+def _fragment_timeline(
     program: DistProgram,
     indices: Sequence[int],
     mesh: Mesh,
     cluster: Cluster,
     table: CalibrationTable | None,
-) -> float:
-    """Seconds the ops `indices` of `program` take on `mesh`'s ranks, run on their own
-    (dependencies on ops outside them are met when they start)."""
+) -> Timeline:
+    """The ops `indices` of `program` run on `mesh`'s ranks on their own (dependencies on
+    ops outside them are met when they start)."""
     if not indices:
-        return 0.0
+        first = mesh.ranks[0]
+        return Timeline(0.0, {first: []}, dict.fromkeys(mesh.ranks, first), 0.0)
     ops = [program.ops[i] for i in indices]
     names = {op.name for op in ops}
     ops = [replace(op, deps=tuple(d for d in op.deps if d in names)) for op in ops]
@@ -279,10 +303,9 @@ def _fragment_time(
         return step_time(op.comm, mesh.group_of(rank, op.comm.axis), cluster)
 
     roles = role_of_ranks(fragment, cluster)
-    timeline = simulate(
+    return simulate(
         fragment, durations, overlap_slowdown=cluster.overlap_slowdown, role_of=roles.__getitem__
     )
-    return timeline.step_time
 
 
 def _p2p_times(
@@ -345,14 +368,51 @@ def _block_bytes(program: DistProgram, value: str) -> float:
     return float(math.prod(local_shape(t.shape, spec.mesh, spec.placements)) * DTYPE_BYTES[t.dtype])
 
 
+def schedule_step(
+    schedule: str,
+    pp: int,
+    microbatches: int,
+    v: int,
+    times: dict[tuple[int, str], float],
+    p2p: dict[tuple[int, int, str], float],
+    starts: list[list[float]] | None = None,
+) -> tuple[list[list[Any]], list[float], list[float]]:
+    """The schedule's slots over unit costs (module doc, 4): each stage's unit order, when
+    each stage finishes its units and how long they keep it busy (with `starts`, one empty
+    list per stage, each unit's start too). `times[(chunk, phase)]` is one unit's seconds,
+    `p2p[(from chunk, to chunk, phase)]` one hop's; the work grows with stages x
+    micro-batches x chunks, never with the program's ops."""
+    orders = [schedule_units(schedule, pp, s, microbatches, v) for s in range(pp)]
+    ends, busy = _run_schedule(orders, pp, v, times, p2p, starts)
+    return orders, ends, busy
+
+
+@dataclass(frozen=True)
+class StageSlots:
+    """One stage's schedule slots, columnar (in the order the stage runs them)."""
+
+    stage: int
+    phase: list[str]
+    chunk: list[int]  # the global model chunk
+    microbatch: list[int]
+    start: list[float]
+    end: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "phase": self.phase, "chunk": self.chunk,
+                "microbatch": self.microbatch, "start": self.start, "end": self.end}  # fmt: skip
+
+
 def _run_schedule(
     orders: Sequence[Sequence[Any]],
     pp: int,
     v: int,
     times: dict[tuple[int, str], float],
     p2p: dict[tuple[int, int, str], float],
+    starts: list[list[float]] | None = None,
 ) -> tuple[list[float], list[float]]:
-    """When each stage finishes its units, and how long they keep it busy (module doc, 4)."""
+    """When each stage finishes its units, and how long they keep it busy (module doc, 4);
+    with `starts` (one empty list per stage), each unit's start in `orders` order."""
     last = pp * v - 1
     done: dict[tuple[str, int, int], float] = {}  # (phase, chunk, micro-batch) -> end
     free = [0.0] * pp
@@ -381,6 +441,8 @@ def _run_schedule(
                     break
                 seconds = times.get((g, unit.phase), 0.0)
                 start = max(free[s], ready)
+                if starts is not None:
+                    starts[s].append(start)
                 free[s] = done[(unit.phase, g, unit.microbatch)] = start + seconds
                 busy[s] += seconds
                 pcs[s] += 1

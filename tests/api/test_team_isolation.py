@@ -14,12 +14,13 @@ from fastapi.testclient import TestClient
 
 from backend.settings import Settings
 from tests.api.test_clusters import create as create_cluster
+from tests.api.test_plan_schedule import create_pipelined_plan
 from tests.api.test_plans import _created, run_jobs, setup_plan
 
 STRATEGY_EDIT = {"mesh": "dp=4", "templates": ["dp"]}
 
 
-def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, str]:
+def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, Any]:
     """Every kind of resource in team alpha, built; the value of each path parameter."""
     plan_a = setup_plan(client, "h100-sxm-1x4", "a")
     plan_b = setup_plan(client, "h100-sxm-1x4", "b")
@@ -27,9 +28,10 @@ def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, str]:
     comparison = _created(
         client.post("/api/comparisons", json={"plan_a_id": plan_a, "plan_b_id": plan_b})
     )
+    pipelined = create_pipelined_plan(client)
     create_cluster(client, "lab")
     token = _created(client.post("/api/tokens", json={"name": "ci"}))
-    assert run_jobs(settings) == 4
+    assert run_jobs(settings) == 5
     plan = client.get(f"/api/plans/{plan_a}").json()
     collective = client.get(f"/api/plans/{plan_a}/collectives").json()[0]["name"]
     return {
@@ -44,13 +46,26 @@ def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, str]:
         "/api/clusters/{name}": "lab",
         "/api/plans/{plan_id}/collectives/{name}": collective,
         "/api/plans/{plan_id}/graph/ops/{name}": "embed",
+        # a pipelined plan's views: its own plan id, a model chunk and a phase
+        "/api/plans/{plan_id}/schedule": {"plan_id": str(pipelined)},
+        "/api/plans/{plan_id}/schedule/units/{chunk}/{phase}": {
+            "plan_id": str(pipelined),
+            "chunk": "0",
+            "phase": "F",
+        },
     }
 
 
-def _fill(path: str, ids: dict[str, str]) -> str:
+def _fill(path: str, ids: dict[str, Any]) -> str:
+    """`path` with its parameters: the path's own values where it has some, else the
+    resource of that name, else the path's one value."""
+    own = ids.get(path)
+
     def value(match: re.Match[str]) -> str:
         param = match.group(1)
-        return ids.get(param) or ids[path]
+        if isinstance(own, dict) and param in own:
+            return str(own[param])
+        return str(ids.get(param) or own)
 
     return re.sub(r"\{(\w+)\}", value, path)
 
