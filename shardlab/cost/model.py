@@ -12,10 +12,11 @@ every op takes the same time on both, so one of them stands for the other in the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.cost.clusters import Cluster, check_mesh_fits
@@ -69,17 +70,28 @@ class StepFigures:
 
 @dataclass
 class PlanCost(StepFigures):
-    """What one training step of a program costs on a cluster."""
+    """What one training step of a program costs on a cluster.
+
+    The memory profile is taken on first use (`memory`): the cost guard compares step times
+    of the trials it declines, and only the kept program's memory is ever read."""
 
     cluster: Cluster
     op_times: dict[str, float]  # seconds per program op on rank 0's role
     timeline: Timeline
-    memory: MemoryProfile
+    profile: Callable[[], MemoryProfile]  # the program's memory profile, when asked
     model_flops: int  # model FLOPs of one training step, all ranks together (3 x forward)
     tokens: int  # tokens per step (global batch x sequence)
     dtype: str  # the dtype whose peak MFU is measured against
     devices: int  # ranks of the mesh
     hardware_flops: int = 0  # FLOPs executed (recomputation included), all ranks together
+    _memory: MemoryProfile | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def memory(self) -> MemoryProfile:
+        """Liveness of the program's buffers on its first rank (`cost.memory`)."""
+        if self._memory is None:
+            self._memory = self.profile()
+        return self._memory
 
     @property
     def step_time(self) -> float:
@@ -178,7 +190,7 @@ def cost_program(
         cluster=cluster,
         op_times=op_times,
         timeline=timeline,
-        memory=memory_profile(program, training),
+        profile=functools.partial(memory_profile, program, training),
         model_flops=facts.model_flops,
         tokens=facts.tokens,
         dtype=facts.dtype,
