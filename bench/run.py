@@ -22,6 +22,7 @@ from bench import (
     bench_passes,
     bench_pipeline,
     bench_recipes,
+    bench_scale,
     bench_ui_graph,
 )
 from bench.common import Section
@@ -29,6 +30,7 @@ from bench.common import Section
 BENCHMARKS = [
     bench_graph_build,
     bench_completion,
+    bench_scale,
     bench_lowering,
     bench_passes,
     bench_pass_guard,
