@@ -25,6 +25,7 @@ from backend.routers import (
     plan_timeline,
     plans,
     presets,
+    searches,
     strategies,
     templates,
     verifications,
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         plan_schedule,
         verifications,
         comparisons,
+        searches,
         jobs,
     ):
         app.include_router(module.router)

@@ -26,7 +26,7 @@ from backend.settings import Settings
 #: Job states; the last four are final.
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out")
 FINAL = frozenset(STATES[2:])
-KINDS = ("plan", "verify", "compare")
+KINDS = ("plan", "verify", "compare", "search")
 
 Factory = sessionmaker[Session]
 #: Writes a job's resource rows and artifacts inside `finish`'s transaction.

@@ -213,3 +213,19 @@ class Comparison(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Search(Base):
+    """A strategy search (`shardlab.search`) for a preset model on a cluster; run by a job.
+    `request` holds what was asked (model, cluster, GPUs, batch, limits), `result` the
+    ranked candidates once done."""
+
+    __tablename__ = "searches"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    cluster: Mapped[str] = mapped_column(String(100))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

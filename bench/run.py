@@ -23,6 +23,7 @@ from bench import (
     bench_pipeline,
     bench_recipes,
     bench_scale,
+    bench_search,
     bench_ui_graph,
 )
 from bench.common import Section
@@ -37,6 +38,7 @@ BENCHMARKS = [
     bench_recipes,
     bench_pipeline,
     bench_fidelity,
+    bench_search,
     bench_dtensor_parity,
     bench_api,
     bench_ui_graph,

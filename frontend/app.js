@@ -20,6 +20,7 @@ const ROUTES = [
   [/^\/plans\/(?<id>\d+)\/memory$/, "./views/memory.js"],
   [/^\/plans\/(?<id>\d+)\/passes$/, "./views/passes.js"],
   [/^\/compare$/, "./views/compare.js"],
+  [/^\/search$/, "./views/search.js"],
 ];
 
 const root = document.getElementById("view");

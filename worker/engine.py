@@ -11,6 +11,7 @@ Every function takes the job's inputs as plain JSON-able data (see `worker.input
   see `memory_json`).
 - `run_verify`: `{"report": {...}}` (VerifyReport as JSON).
 - `run_compare`: `{"comparison": Comparison.to_json()}`.
+- `run_search`: `{"search": SearchResult.to_json()}`.
 """
 
 from __future__ import annotations
@@ -305,8 +306,31 @@ def run_compare(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     return {"comparison": result.to_json()}
 
 
+def run_search(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """A strategy search (`shardlab.search.run.search`); its result as JSON. It plans its
+    candidates in the job's own process (a job runs in a daemonic process, which may not
+    start a pool; the worker's concurrency is its jobs), where the CLI uses every core."""
+    from shardlab.search.run import search
+
+    result = search(
+        inputs["preset"],
+        cluster_from_dict(inputs["cluster"]),
+        overrides=inputs.get("overrides") or {},
+        gpus=inputs.get("gpus"),
+        global_batch=inputs.get("global_batch"),
+        headroom=float(inputs.get("memory_headroom", 0.1)),
+        max_tp=inputs.get("max_tp"),
+        min_dp=int(inputs.get("min_dp", 1)),
+        cross_node_tp=bool(inputs.get("cross_node_tp", False)),
+        workers=1,
+        progress=progress,
+    )
+    return {"search": result.to_json()}
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], Progress], dict[str, Any]]] = {
     "plan": run_plan,
     "verify": run_verify,
     "compare": run_compare,
+    "search": run_search,
 }

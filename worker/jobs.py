@@ -1,13 +1,15 @@
 """The database side of each job kind: load its inputs, store its outcome.
 
 A job's payload names its resource row (`{"plan_id", "cluster"}`, `{"verification_id"}`,
-`{"comparison_id"}`); the plan job's payload also holds the cluster spec resolved when the
-plan was created (or None). Inputs handed to the engine are plain data:
+`{"comparison_id"}`, `{"search_id", "cluster"}`); plan and search jobs also hold the cluster
+spec resolved when they were created (or None). Inputs handed to the engine are plain data:
 
     plan:    {"graph": graph JSON, "strategy": {mesh, templates, annotations, options},
               "cluster": cluster JSON | None, "label": str}
     verify:  the plan inputs + {"compute_dtype"}
     compare: {"a": plan inputs, "b": plan inputs}
+    search:  {"preset", "overrides", "cluster": cluster JSON, "gpus", "global_batch",
+              "memory_headroom", "max_tp", "min_dp", "cross_node_tp"}
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from backend import blobs
 from backend.ledger import Store
-from backend.orm import Artifact, Comparison, Job, Model, Plan, Strategy, Verification
+from backend.orm import Artifact, Comparison, Job, Model, Plan, Search, Strategy, Verification
 from shardlab.errors import ShardlabError
 
 
@@ -73,6 +75,12 @@ def load_inputs(session: Session, job: Job) -> dict[str, Any]:
         a = _get(session, Plan, comp.plan_a_id, "plan")
         b = _get(session, Plan, comp.plan_b_id, "plan")
         return {"a": plan_inputs(session, a), "b": plan_inputs(session, b)}
+    if job.kind == "search":
+        row: Search = _get(session, Search, payload.get("search_id"), "search")
+        model = _get(session, Model, row.model_id, "model")
+        request = {k: v for k, v in row.request.items() if k not in ("model_id", "cluster")}
+        return {"preset": model.preset, "overrides": dict(model.overrides),
+                "cluster": payload.get("cluster"), **request}  # fmt: skip
     raise JobInputError(f"unknown job kind {job.kind!r}", kind=job.kind)
 
 
@@ -125,6 +133,20 @@ def outcome(job: Job, data: dict[str, Any]) -> tuple[Store, dict[str, Any]]:
             ver.report = data["report"]
 
         return store_report, {"verification_id": ver_id, "ok": data["report"]["ok"]}
+    if job.kind == "search":
+        search_id = int(payload["search_id"])
+
+        def store_search(session: Session, job: Job) -> None:
+            row: Search = _get(session, Search, search_id, "search")
+            row.result = data["search"]
+
+        found = data["search"]
+        best = found["candidates"][0] if found["candidates"] else None
+        return store_search, {
+            "search_id": search_id,
+            "candidates": len(found["candidates"]),
+            "winner": best["label"] if best and best["fits"] else None,
+        }
     comp_id = int(payload["comparison_id"])
 
     def store_comparison(session: Session, job: Job) -> None:

@@ -19,7 +19,7 @@ class JobOut(BaseModel):
     """A job of the ledger: its state, progress and outcome (times in ISO 8601, UTC)."""
 
     id: int
-    kind: Literal["plan", "verify", "compare"]
+    kind: Literal["plan", "verify", "compare", "search"]
     status: JobStatus
     progress: float = Field(description="0..1")
     message: str = Field(description="What the job does now, or how it ended.")
@@ -119,4 +119,41 @@ class ComparisonOut(BaseModel):
     message: str
     error: dict[str, Any] | None
     result: dict[str, Any] | None = Field(description="Comparison.to_json() once done.")
+    created_at: str | None
+
+
+class SearchCreate(_Request):
+    """Search the strategies of a stored model (made from a preset) on a cluster."""
+
+    model_id: RowId
+    cluster: str = Field(
+        min_length=1,
+        max_length=100,
+        description="Cluster preset (e.g. 'h100-sxm-8x8') or a team cluster's name.",
+    )
+    gpus: int | None = Field(None, ge=1, le=1_000_000, description="Default: every device.")
+    global_batch: int | None = Field(
+        None, ge=1, le=10_000_000, description="Sequences per step (default: the model's)."
+    )
+    memory_headroom: float = Field(0.1, ge=0.0, lt=1.0, description="Share kept free.")
+    max_tp: int | None = Field(None, ge=1, le=1_000_000)
+    min_dp: int = Field(1, ge=1, le=1_000_000)
+    cross_node_tp: bool = False
+
+
+class SearchOut(BaseModel):
+    """A search, its job's state and, once done, its result: `candidates` ranked (fitting
+    first, then by step time), `pareto` (indices of the front of step time against peak
+    memory), `pruned` meshes with their reasons, `why` the winner won."""
+
+    id: int
+    model_id: RowId
+    cluster: str
+    request: dict[str, Any]
+    job_id: int
+    status: JobStatus
+    progress: float
+    message: str
+    error: dict[str, Any] | None
+    result: dict[str, Any] | None
     created_at: str | None

@@ -118,7 +118,23 @@ function templatePicker(templates, chosen) {
     return { t, box, axis };
   });
   const line = errorLine("templates");
+  const warning = h("p", { class: "warning", role: "status", id: "templates-warning", hidden: true });
   const f = new Field(() => items.flatMap((i) => [i.box, i.axis]), line);
+  let meshAxes = [];
+  // a checked template left on its default axis, which the mesh lacks (with one mesh axis
+  // the template takes it): said before the API refuses it
+  const warn = () => {
+    const lost = items.filter((i) => i.box.checked && !i.axis.value && meshAxes.length > 1
+      && !meshAxes.includes(i.t.default_axis));
+    warning.hidden = !lost.length;
+    warning.textContent = lost.map((i) => `${i.t.name} works on mesh axis `
+      + `${i.t.default_axis}, which this mesh lacks (axes ${meshAxes.join(", ")}): choose its `
+      + "axis or add one of that name.").join(" ");
+  };
+  for (const i of items) {
+    i.box.addEventListener("change", warn);
+    i.axis.addEventListener("change", warn);
+  }
   const element = h("fieldset", {},
     h("legend", {}, "Templates"),
     h("p", { class: "muted" }, "Applied in this order on the chosen mesh axis (default: the ",
@@ -128,7 +144,7 @@ function templatePicker(templates, chosen) {
       label.setAttribute("style", INLINE);
       return [h("span", {}, box, label), axis, h("span", { class: "muted" }, t.description)];
     })),
-    line);
+    warning, line);
   return {
     field: f, items, element,
     setAxes(axes) {
@@ -138,6 +154,8 @@ function templatePicker(templates, chosen) {
           ...axes.map((a) => h("option", { value: a }, a)));
         axis.value = axes.includes(keep) ? keep : "";
       }
+      meshAxes = axes;
+      warn();
     },
     value: () => items.filter((i) => i.box.checked)
       .map((i) => (i.axis.value ? `${i.t.name}:${i.axis.value}` : i.t.name)),
@@ -249,7 +267,7 @@ export async function render(root, ctx) {
           : `more than the ${c.devices} devices of ${c.name}`;
     }
     meshStatus.textContent = `mesh ${mesh.text()}: ${shape} = ${fmtInt(n)} devices${verdict ? `, ${verdict}` : ""}`;
-    meshStatus.className = c && n > c.devices ? "field-error" : "muted";
+    meshStatus.className = c && n > c.devices ? "field-error" : c && n < c.devices ? "warning" : "muted";
     tpl.setAxes(mesh.axes());
     pipeline.setAxes(mesh.axes());
   }

@@ -16,6 +16,7 @@ from backend.settings import Settings
 from tests.api.test_clusters import create as create_cluster
 from tests.api.test_plan_schedule import create_pipelined_plan
 from tests.api.test_plans import _created, run_jobs, setup_plan
+from tests.api.test_searches import create_search
 
 STRATEGY_EDIT = {"mesh": "dp=4", "templates": ["dp"]}
 
@@ -29,9 +30,10 @@ def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, Any]:
         client.post("/api/comparisons", json={"plan_a_id": plan_a, "plan_b_id": plan_b})
     )
     pipelined = create_pipelined_plan(client)
+    search_id = create_search(client)
     create_cluster(client, "lab")
     token = _created(client.post("/api/tokens", json={"name": "ci"}))
-    assert run_jobs(settings) == 5
+    assert run_jobs(settings) == 6
     plan = client.get(f"/api/plans/{plan_a}").json()
     collective = client.get(f"/api/plans/{plan_a}/collectives").json()[0]["name"]
     return {
@@ -42,6 +44,7 @@ def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, Any]:
         "comparison_id": str(comparison["id"]),
         "job_id": str(plan["job_id"]),
         "token_id": str(token["id"]),
+        "search_id": str(search_id),
         "value": "layers.0.mlp.down_proj.weight",
         "/api/clusters/{name}": "lab",
         "/api/plans/{plan_id}/collectives/{name}": collective,
@@ -108,7 +111,15 @@ def test_another_team_gets_404_on_every_resource(
         if not path.endswith("/events"):  # a stream, not a stored view
             assert client.get(_fill(path, ids)).json() == answer.json(), path
     assert client.get("/api/me").status_code == 200  # alpha's token was not revoked
-    for listing in ("models", "strategies", "plans", "verifications", "comparisons", "jobs"):
+    for listing in (
+        "models",
+        "strategies",
+        "plans",
+        "verifications",
+        "comparisons",
+        "jobs",
+        "searches",
+    ):
         assert other_client.get(f"/api/{listing}").json() == [], listing
     assert [c for c in other_client.get("/api/clusters").json() if c["source"] == "user"] == []
     assert [t["name"] for t in other_client.get("/api/tokens").json()] == ["test"]

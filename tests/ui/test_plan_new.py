@@ -109,6 +109,11 @@ def test_a_template_without_its_axis_is_shown_at_the_templates(page: Page, serve
     before = plan_count(server)
     page.goto("/#/plans/new")
     fill(page, tiny, "h100-sxm-1x4", [("x", 2), ("y", 2)], ("megatron_tp",))
+    # said before submitting: the template works on tp, which the mesh lacks
+    expect(page.locator("#templates-warning")).to_have_text(
+        "megatron_tp works on mesh axis tp, which this mesh lacks (axes x, y): choose its axis "
+        "or add one of that name."
+    )
     page.get_by_role("button", name="Create plan").click()
     box = page.get_by_label("megatron_tp", exact=True)
     expect(box).to_have_attribute("aria-invalid", "true")

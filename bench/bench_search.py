@@ -1,0 +1,71 @@
+"""Strategy search: how long a whole search takes at full size, what it finds, and how close
+its winner comes to an exhaustive walk of the same space.
+
+Rows: llama3-8b on h100-sxm-8x8 (64 GPUs, global batch 64) and llama3-70b on h100-sxm-64x8
+(512 GPUs, global batch 512), each searched with `shardlab.search.run.search` on every core
+of this machine. The agreement row enumerates every recipe (data-parallel recipe x sequence
+parallelism x recomputation x schedule) on every mesh of a small model and compares the
+best that fits with the search's winner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from bench.common import Section
+from shardlab.cost.clusters import load_cluster
+from shardlab.models import build_model
+from shardlab.search.evaluate import evaluate
+from shardlab.search.run import search
+from shardlab.search.space import Limits, ModelShape, every_candidate
+
+FULL = [
+    ("llama3-8b", "h100-sxm-8x8", 64, 10.0),
+    ("llama3-70b", "h100-sxm-64x8", 512, 60.0),
+]
+SMALL = {"layers": 8, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn": 768, "vocab": 1024,
+         "seq": 256}  # fmt: skip
+
+
+def _agreement() -> tuple[float, float, int, int, float]:
+    """(search winner's step, exhaustive best step, candidates searched, exhaustive count,
+    seconds of the exhaustive walk) on a small llama on 8 GPUs with tight memory."""
+    cluster = dataclasses.replace(load_cluster("h100-sxm-1x8"), hbm_bytes=int(0.06 * (1 << 30)))
+    found = search("llama3-8b", cluster, overrides=SMALL, global_batch=16)
+    model = build_model("llama3-8b", {**SMALL, "batch": 16})
+    shape = ModelShape(SMALL["layers"], SMALL["heads"], SMALL["kv_heads"], 16)
+    started = time.perf_counter()
+    every = [evaluate(c, model, cluster, 0.1) for c in every_candidate(shape, Limits(8, 8))]
+    walked = time.perf_counter() - started
+    best = min(e.step_time_s for e in every if e.fits and e.step_time_s is not None)
+    assert found.winner is not None and found.winner.step_time_s is not None
+    return found.winner.step_time_s, best, len(found.ranked), len(every), walked
+
+
+def run() -> Section:
+    section = Section(
+        "Strategy search (whole search on this machine's cores; predicted figures)",
+        ["search", "time", "goal", "met", "candidates planned (fit)", "meshes pruned", "winner",
+         "winner's step", "MFU"],
+    )  # fmt: skip
+    for model, cluster, batch, goal in FULL:
+        result = search(model, cluster, global_batch=batch)
+        win = result.winner
+        section.rows.append([
+            f"{model} on {cluster} ({result.gpus} GPUs), global batch {batch}",
+            f"{result.seconds:.1f} s", f"≤ {goal:.0f} s",
+            "yes" if result.seconds <= goal else "**no**",
+            f"{len(result.ranked)} ({len(result.feasible)})", str(len(result.pruned)),
+            win.candidate.label() if win else "none fits",
+            f"{(win.step_time_s or 0) * 1e3:.1f} ms" if win else "–",
+            f"{(win.mfu or 0):.1%}" if win else "–",
+        ])  # fmt: skip
+    won, best, searched, walked_n, walked_s = _agreement()
+    section.notes.append(
+        f"Exhaustive agreement (llama3-8b shape at 8 layers, hidden 256, 8 GPUs with 60 MiB "
+        f"each, global batch 16): the search planned {searched} candidates, the exhaustive walk "
+        f"{walked_n} ({walked_s:.1f} s); winner {won * 1e3:.4f} ms against the exhaustive best "
+        f"{best * 1e3:.4f} ms: {won / best - 1:+.2%} (goal within 1%)."
+    )
+    return section

@@ -1,0 +1,95 @@
+"""One candidate of a search, planned and costed: its step, memory and why it lost.
+
+`evaluate` builds the candidate's plan with `build_plan` on the cluster (passes and their
+cost guard included, so a candidate is judged as the plan a user would get) and keeps the
+figures a ranking needs. A candidate the planner refuses (a dim that does not divide, a
+schedule that cannot run) is kept with the planner's message as its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardlab.cost.clusters import Cluster
+from shardlab.errors import ShardlabError
+from shardlab.ir import Graph
+from shardlab.plan import build_plan
+from shardlab.search.space import Candidate
+
+
+@dataclass
+class Evaluation:
+    """What one candidate costs, or why it could not be planned."""
+
+    candidate: Candidate
+    step_time_s: float | None = None
+    peak_memory_bytes: int | None = None
+    capacity_bytes: int = 0
+    usable_bytes: int = 0  # capacity less the headroom asked for
+    mfu: float | None = None
+    #: step-time terms and totals for "why this one": compute, comm, exposed comm, bubble
+    terms: dict[str, float] = field(default_factory=dict)
+    comm_bytes_per_rank: float = 0.0
+    error: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.error is None and (self.peak_memory_bytes or 0) <= self.usable_bytes
+
+    @property
+    def reason(self) -> str | None:
+        """Why it cannot be used: the planner's refusal, or the memory it needs."""
+        if self.error is not None:
+            return self.error
+        if not self.fits:
+            gib = 1 << 30
+            return (f"needs {(self.peak_memory_bytes or 0) / gib:.1f} GiB of "
+                    f"{self.usable_bytes / gib:.1f} GiB usable")  # fmt: skip
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.candidate.to_json(),
+            "label": self.candidate.label(),
+            "step_time_s": self.step_time_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_capacity_bytes": self.capacity_bytes,
+            "usable_memory_bytes": self.usable_bytes,
+            "fits": self.fits,
+            "mfu": self.mfu,
+            "terms": dict(self.terms),
+            "comm_bytes_per_rank": self.comm_bytes_per_rank,
+            "reason": self.reason,
+        }
+
+
+def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: float) -> Evaluation:
+    """Plan `candidate` for `model` (the whole global batch) on `cluster` and cost it."""
+    usable = int(cluster.hbm_bytes * (1.0 - headroom))
+    out = Evaluation(candidate, capacity_bytes=int(cluster.hbm_bytes), usable_bytes=usable)
+    try:
+        plan = build_plan(model, candidate.strategy(), cluster=cluster)
+    except ShardlabError as exc:
+        out.error = exc.message
+        return out
+    if plan.pipeline is not None and plan.pipeline.cost is not None:
+        cost = plan.pipeline.cost
+        out.terms = {"bubble_fraction": cost.bubble_fraction}
+    elif plan.cost is not None:
+        flat = plan.cost
+        rank = flat.timeline.rank_of_role.get(0, 0)
+        out.terms = {
+            "compute_s": flat.timeline.compute_time(rank),
+            "comm_s": flat.timeline.comm_time(rank),
+            "exposed_comm_s": flat.timeline.exposed_comm(rank),
+        }
+        cost = flat  # type: ignore[assignment]
+    else:  # pragma: no cover - a cluster always costs the plan
+        out.error = "the plan was not costed"
+        return out
+    out.step_time_s = cost.step_time
+    out.peak_memory_bytes = cost.peak_memory_bytes
+    out.mfu = cost.mfu
+    out.comm_bytes_per_rank = plan.program.comm_bytes_per_rank()
+    return out

@@ -1,0 +1,116 @@
+"""A search's answer: candidates ranked, the Pareto front of step time against memory, and
+why the winner won.
+
+Ranking: a candidate that fits always comes before one that does not; among those that fit,
+the faster first (then the leaner). The Pareto front holds the fitting candidates no other
+fitting candidate beats on both step time and peak memory per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardlab.search.evaluate import Evaluation
+from shardlab.search.space import Pruned
+
+SEARCH_FORMAT = "shardlab.search/1"
+
+
+@dataclass
+class SearchResult:
+    """Every evaluated candidate (ranked), the pruned ones with their reasons, the front."""
+
+    model: str
+    cluster: str
+    gpus: int
+    global_batch: int
+    ranked: list[Evaluation]
+    pruned: list[Pruned]
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> list[Evaluation]:
+        return [e for e in self.ranked if e.fits]
+
+    @property
+    def winner(self) -> Evaluation | None:
+        return self.feasible[0] if self.feasible else None
+
+    def pareto(self) -> list[Evaluation]:
+        """The fitting candidates no other fitting one beats on both time and memory,
+        fastest first."""
+        front: list[Evaluation] = []
+        best_memory = None
+        for e in sorted(self.feasible, key=lambda e: (e.step_time_s, e.peak_memory_bytes)):
+            if best_memory is None or (e.peak_memory_bytes or 0) < best_memory:
+                front.append(e)
+                best_memory = e.peak_memory_bytes
+        return front
+
+    def why(self) -> list[str]:
+        """The winner against the runner-up: step-time terms, memory, communication."""
+        feasible = self.feasible
+        if not feasible:
+            return ["no candidate fits: " + _closest(self.ranked)]
+        win = feasible[0]
+        lines = [f"winner: {win.candidate.label()}: step {_ms(win.step_time_s)}, peak "
+                 f"{_gib(win.peak_memory_bytes)} GiB, MFU {(win.mfu or 0):.1%}"]  # fmt: skip
+        if len(feasible) < 2:
+            return [*lines, "no other candidate fits"]
+        run = feasible[1]
+        lines.append(f"runner-up: {run.candidate.label()}: step {_ms(run.step_time_s)} "
+                     f"(+{(run.step_time_s or 0) / (win.step_time_s or 1) - 1:.1%}), peak "
+                     f"{_gib(run.peak_memory_bytes)} GiB")  # fmt: skip
+        for term in sorted(set(win.terms) | set(run.terms)):
+            a, b = win.terms.get(term), run.terms.get(term)
+            if a is None or b is None:
+                continue
+            shown = (lambda x: f"{x:.1%}") if term.endswith("fraction") else _ms
+            lines.append(f"  {term}: {shown(a)} against {shown(b)}")
+        lines.append(f"  communication per rank: {win.comm_bytes_per_rank / 1e9:.2f} GB against "
+                     f"{run.comm_bytes_per_rank / 1e9:.2f} GB")  # fmt: skip
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": SEARCH_FORMAT,
+            "model": self.model,
+            "cluster": self.cluster,
+            "gpus": self.gpus,
+            "global_batch": self.global_batch,
+            "seconds": self.seconds,
+            "candidates": [e.to_json() for e in self.ranked],
+            "pareto": [self.ranked.index(e) for e in self.pareto()],
+            "pruned": [p.to_json() for p in self.pruned],
+            "why": self.why(),
+            "notes": list(self.notes),
+        }
+
+
+def rank(evaluations: list[Evaluation]) -> list[Evaluation]:
+    """Fitting first, then by step time and memory; unplannable last."""
+
+    def key(e: Evaluation) -> tuple[int, float, float]:
+        if e.error is not None:
+            return (2, 0.0, 0.0)
+        return (0 if e.fits else 1, e.step_time_s or 0.0, float(e.peak_memory_bytes or 0))
+
+    return sorted(evaluations, key=key)
+
+
+def _closest(ranked: list[Evaluation]) -> str:
+    planned = [e for e in ranked if e.error is None]
+    if not planned:
+        return "none could be planned"
+    best = min(planned, key=lambda e: e.peak_memory_bytes or 0)
+    return f"the leanest, {best.candidate.label()}, {best.reason}"
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{(seconds or 0) * 1e3:.1f} ms"
+
+
+def _gib(nbytes: int | None) -> str:
+    return f"{(nbytes or 0) / (1 << 30):.1f}"

@@ -1,0 +1,238 @@
+"""The space a strategy search walks: meshes, templates, recomputation and schedules.
+
+A `Candidate` is one point: a mesh `pp x dp x tp` over the devices (tensor parallelism
+innermost, so a tp group sits inside a node), a data-parallel recipe (`dp`, `zero1`, `zero2`,
+`fsdp`), Megatron tensor parallelism with or without sequence parallelism, a recomputation
+policy and, with pipeline stages, a schedule, a micro-batch count and virtual stages.
+
+`meshes` lists every factorization of the device count and prunes those that cannot run,
+each with one line saying why ("tp=16 crosses nodes (8 GPUs per node)"); `variants` lists
+the recipes worth trying on one mesh. Memory is judged later, by the cost model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shardlab.strategy import Strategy
+
+#: Data-parallel recipes, from the cheapest in time to the leanest in memory.
+DP_RECIPES = ("dp", "zero1", "zero2", "fsdp")
+#: Recomputation policies, from the fastest to the leanest.
+RECOMPUTE = ("none", "selective", "full")
+#: Micro-batches per step tried for a pipeline, as multiples of its stages.
+MICROBATCH_FACTORS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the search must know of a model: its layers, heads and the global batch."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    batch: int  # the global batch, in sequences
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The user's constraints on the space."""
+
+    gpus: int
+    devices_per_node: int
+    max_tp: int | None = None
+    min_dp: int = 1
+    cross_node_tp: bool = False
+
+
+@dataclass(frozen=True, order=True)
+class Mesh3:
+    """A factorization of the devices: pipeline stages, data replicas, tensor shards."""
+
+    pp: int
+    dp: int
+    tp: int
+
+    def text(self) -> str:
+        """The mesh as `shardlab plan --mesh` takes it (axes of size 1 left out)."""
+        axes = [f"{name}={n}" for name, n in (("pp", self.pp), ("dp", self.dp), ("tp", self.tp))
+                if n > 1]  # fmt: skip
+        return ",".join(axes) or "dp=1"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy the search evaluates."""
+
+    mesh: Mesh3
+    dp_recipe: str | None  # one of DP_RECIPES, None without data parallelism
+    sequence_parallel: bool
+    recompute: str
+    schedule: str | None = None
+    microbatches: int | None = None
+    virtual_stages: int | None = None
+
+    def templates(self) -> list[str]:
+        out = [self.dp_recipe] if self.dp_recipe else []
+        if self.mesh.tp > 1:
+            out.append("megatron_tp")
+            if self.sequence_parallel:
+                out.append("sequence_parallel")
+        return out
+
+    def options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"recompute": self.recompute}
+        if self.mesh.pp > 1:
+            pipeline: dict[str, Any] = {
+                "schedule": self.schedule,
+                "microbatches": self.microbatches,
+            }
+            if self.virtual_stages:
+                pipeline["virtual_stages"] = self.virtual_stages
+            out["pipeline"] = pipeline
+        return out
+
+    def strategy(self) -> Strategy:
+        return Strategy.build(self.mesh.text(), self.templates(), options=self.options())
+
+    def label(self) -> str:
+        """`pp=2,dp=4,tp=8 zero1+megatron_tp+sequence_parallel, 1f1b x16, recompute selective`."""
+        text = f"{self.mesh.text()} {'+'.join(self.templates()) or 'no template'}"
+        if self.mesh.pp > 1:
+            text += f", {self.schedule} x{self.microbatches}"
+            if self.virtual_stages and self.virtual_stages > 1:
+                text += f" v={self.virtual_stages}"
+        if self.recompute != "none":
+            text += f", recompute {self.recompute}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan inputs: enough to build this candidate as a stored plan."""
+        return {
+            "mesh": self.mesh.text(),
+            "templates": self.templates(),
+            "recompute": self.recompute,
+            "schedule": self.schedule,
+            "microbatches": self.microbatches,
+            "virtual_stages": self.virtual_stages,
+            "options": self.options(),
+        }
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A point of the space left out, and why (one line)."""
+
+    what: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"candidate": self.what, "reason": self.reason}
+
+
+@dataclass
+class Space:
+    """The meshes that can run, and those pruned with their reasons."""
+
+    meshes: list[Mesh3] = field(default_factory=list)
+    pruned: list[Pruned] = field(default_factory=list)
+
+
+def meshes(shape: ModelShape, limits: Limits) -> Space:
+    """Every pp x dp x tp factorization of the devices, kept or pruned (module docstring)."""
+    space = Space()
+    n = limits.gpus
+    for tp in _divisors(n):
+        for pp in _divisors(n // tp):
+            mesh = Mesh3(pp, n // (tp * pp), tp)
+            why = _why_not(mesh, shape, limits)
+            if why:
+                space.pruned.append(Pruned(mesh.text(), why))
+            else:
+                space.meshes.append(mesh)
+    return space
+
+
+def _why_not(mesh: Mesh3, shape: ModelShape, limits: Limits) -> str | None:
+    if mesh.tp > limits.devices_per_node and not limits.cross_node_tp:
+        return f"tp={mesh.tp} crosses nodes ({limits.devices_per_node} GPUs per node)"
+    if limits.max_tp is not None and mesh.tp > limits.max_tp:
+        return f"tp={mesh.tp} is above --max-tp {limits.max_tp}"
+    if mesh.dp < limits.min_dp:
+        return f"dp={mesh.dp} is below --min-dp {limits.min_dp}"
+    if shape.heads % mesh.tp:
+        return f"tp={mesh.tp} does not divide the {shape.heads} attention heads"
+    if mesh.pp > shape.layers:
+        return f"pp={mesh.pp} is more stages than the {shape.layers} layers"
+    if shape.batch % mesh.dp:
+        return f"the global batch {shape.batch} does not split over dp={mesh.dp}"
+    if mesh.pp > 1 and not _microbatch_counts(mesh, shape):
+        return (f"pp={mesh.pp} needs at least {mesh.pp} micro-batches; the batch per replica "
+                f"is {shape.batch // mesh.dp}")  # fmt: skip
+    return None
+
+
+def schedules(mesh: Mesh3, shape: ModelShape) -> list[tuple[str | None, int | None, int | None]]:
+    """(schedule, micro-batches, virtual stages) worth trying on `mesh`: none without stages;
+    else 1F1B at each micro-batch count, and interleaved with 2 chunks per stage where the
+    layers split into 2 x pp chunks."""
+    if mesh.pp == 1:
+        return [(None, None, None)]
+    out: list[tuple[str | None, int | None, int | None]] = []
+    for m in _microbatch_counts(mesh, shape):
+        out.append(("1f1b", m, None))
+        if shape.layers % (2 * mesh.pp) == 0:
+            out.append(("interleaved", m, 2))
+    return out
+
+
+def _microbatch_counts(mesh: Mesh3, shape: ModelShape) -> list[int]:
+    per_replica = shape.batch // mesh.dp
+    return [mesh.pp * f for f in MICROBATCH_FACTORS if per_replica % (mesh.pp * f) == 0]
+
+
+def base_candidates(
+    mesh: Mesh3, plan: tuple[str | None, int | None, int | None]
+) -> list[Candidate]:
+    """The fastest recipes on a mesh: plain data parallelism, no recomputation; with tensor
+    parallelism both with and without sequence parallelism (it divides activation memory by
+    tp for the same bytes, but its extra collectives can cost more than they save at small
+    shapes). The one with sequence parallelism comes first: it is the leaner."""
+    schedule, m, v = plan
+    dp = "dp" if mesh.dp > 1 else None
+    out = [Candidate(mesh, dp, mesh.tp > 1, "none", schedule, m, v)]
+    if mesh.tp > 1:
+        out.append(Candidate(mesh, dp, False, "none", schedule, m, v))
+    return out
+
+
+def leaner(candidate: Candidate) -> list[Candidate]:
+    """The next steps down in memory from `candidate`: a leaner data-parallel recipe, then
+    more recomputation (each costs some time; the search tries them when memory asks)."""
+    out = []
+    if candidate.dp_recipe is not None:
+        i = DP_RECIPES.index(candidate.dp_recipe)
+        out += [replace(candidate, dp_recipe=r) for r in DP_RECIPES[i + 1 :]]
+    j = RECOMPUTE.index(candidate.recompute)
+    out += [replace(candidate, recompute=r) for r in RECOMPUTE[j + 1 :]]
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def every_candidate(shape: ModelShape, limits: Limits) -> list[Candidate]:
+    """The whole space: every recipe on every mesh and schedule (data-parallel recipe x
+    sequence parallelism x recomputation), for checking the search against an exhaustive
+    walk on spaces small enough to walk."""
+    out = []
+    for mesh in meshes(shape, limits).meshes:
+        recipes: tuple[str | None, ...] = DP_RECIPES if mesh.dp > 1 else (None,)
+        sps = (True, False) if mesh.tp > 1 else (False,)
+        for plan in schedules(mesh, shape):
+            for dp, sp, rc in itertools.product(recipes, sps, RECOMPUTE):
+                out.append(Candidate(mesh, dp, sp, rc, *plan))
+    return out

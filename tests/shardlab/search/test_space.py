@@ -1,0 +1,65 @@
+"""The search space: meshes kept and pruned with their reasons, schedules, leaner recipes."""
+
+from __future__ import annotations
+
+from shardlab.search.space import (
+    Candidate,
+    Limits,
+    Mesh3,
+    ModelShape,
+    base_candidates,
+    leaner,
+    meshes,
+    schedules,
+)
+
+LLAMA_70B = ModelShape(layers=80, heads=64, kv_heads=8, batch=64)
+
+
+def test_tensor_parallelism_stays_inside_a_node():
+    space = meshes(LLAMA_70B, Limits(gpus=64, devices_per_node=8))
+    assert space.meshes and all(m.tp <= 8 for m in space.meshes)
+    assert all(m.pp * m.dp * m.tp == 64 for m in space.meshes)
+    reasons = {p.what: p.reason for p in space.pruned}
+    assert reasons["dp=4,tp=16"] == "tp=16 crosses nodes (8 GPUs per node)"
+    assert Mesh3(64, 1, 1) in space.meshes  # 64 stages, 64 micro-batches of one sequence
+    crossing = meshes(LLAMA_70B, Limits(gpus=64, devices_per_node=8, cross_node_tp=True))
+    assert any(m.tp == 16 for m in crossing.meshes)
+
+
+def test_limits_and_divisibility_name_their_reason():
+    shape = ModelShape(layers=4, heads=6, kv_heads=6, batch=8)
+    space = meshes(shape, Limits(gpus=16, devices_per_node=8, max_tp=2, min_dp=2))
+    reasons = {p.what: p.reason for p in space.pruned}
+    assert reasons["dp=4,tp=4"] == "tp=4 is above --max-tp 2"
+    assert reasons["pp=8,tp=2"] == "dp=1 is below --min-dp 2"
+    assert reasons["dp=16"] == "the global batch 8 does not split over dp=16"
+    assert reasons["pp=16"] == "dp=1 is below --min-dp 2"
+    shape = ModelShape(layers=4, heads=6, kv_heads=6, batch=8)
+    space = meshes(shape, Limits(gpus=4, devices_per_node=8))
+    assert {p.what: p.reason for p in space.pruned}["tp=4"] == (
+        "tp=4 does not divide the 6 attention heads"
+    )
+
+
+def test_schedules_and_the_base_recipe():
+    shape = ModelShape(layers=8, heads=8, kv_heads=8, batch=16)
+    mesh = Mesh3(pp=2, dp=2, tp=2)
+    plans = schedules(mesh, shape)
+    assert ("1f1b", 2, None) in plans and ("interleaved", 2, 2) in plans
+    assert all(m is not None and 8 % m == 0 for _, m, _ in plans)  # per replica batch 8
+    base, without_sp = base_candidates(mesh, ("1f1b", 4, None))
+    assert base.templates() == ["dp", "megatron_tp", "sequence_parallel"]
+    assert without_sp.templates() == ["dp", "megatron_tp"]
+    assert base.options() == {"recompute": "none",
+                              "pipeline": {"schedule": "1f1b", "microbatches": 4}}  # fmt: skip
+    assert base.label() == "pp=2,dp=2,tp=2 dp+megatron_tp+sequence_parallel, 1f1b x4"
+    assert schedules(Mesh3(1, 4, 2), shape) == [(None, None, None)]
+
+
+def test_leaner_recipes_trade_time_for_memory_in_order():
+    base = Candidate(Mesh3(1, 8, 1), "dp", False, "none")
+    steps = [(c.dp_recipe, c.recompute) for c in leaner(base)]
+    assert steps == [("zero1", "none"), ("zero2", "none"), ("fsdp", "none"),
+                     ("dp", "selective"), ("dp", "full")]  # fmt: skip
+    assert leaner(Candidate(Mesh3(1, 1, 8), None, True, "full")) == []
