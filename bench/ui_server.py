@@ -103,6 +103,20 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _create_token(env: dict[str, str], tries: int = 5) -> str:
+    """An API token for team default, made with `shardlab token create`. A busy SQLite
+    database (the server's worker writing) can refuse the first tries; the last failure is
+    raised with what the command said."""
+    create = [sys.executable, "-m", "backend", "token", "create", "--team", "default"]
+    for attempt in range(tries):
+        made = subprocess.run([*create, "--name", f"bench{attempt}"], env=env,
+                              capture_output=True, text=True)  # fmt: skip
+        if made.returncode == 0:
+            return made.stdout.strip().split()[-1]
+        time.sleep(0.5 * (attempt + 1))
+    raise RuntimeError(f"token create failed {tries} times: {made.stderr.strip()}")
+
+
 @contextmanager
 def ui_server() -> Iterator[UiServer]:
     """`shardlab serve` on a free port over a fresh SQLite data dir (removed afterwards)."""
@@ -132,15 +146,7 @@ def ui_server() -> Iterator[UiServer]:
                     raise RuntimeError("serve did not start:\n" + "".join(log))
                 time.sleep(0.2)
             login_link = next(m.group(0) for line in log if (m := link.search(line)))
-            create = ["token", "create", "--team", "default", "--name", "bench"]
-            made = subprocess.run(
-                [sys.executable, "-m", "backend", *create],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            token = made.stdout.strip().split()[-1]
+            token = _create_token(env)
             yield UiServer(url, login_link, token, proc, log)
         finally:
             proc.terminate()
