@@ -49,6 +49,13 @@ export function fmtInt(n) {
 }
 
 /** Colours of op roles, used by the graph, timeline and legends alike. */
+/** A list of ranks as people read it: `0–7` when contiguous, else `0, 2, 4`. */
+export function ranksText(ranks) {
+  if (ranks.length <= 1) return String(ranks[0] ?? "");
+  const contiguous = ranks.every((r, i) => i === 0 || r === ranks[i - 1] + 1);
+  return contiguous ? `${ranks[0]}–${ranks[ranks.length - 1]}` : ranks.join(", ");
+}
+
 /** Colours of the five memory categories (the API's labels). */
 export const CATEGORY_COLORS = {
   parameters: "#4c78a8",

@@ -3,18 +3,12 @@
 // largest buffers at the peak. A pipelined plan shows memory per stage (stage_memory.js).
 import { api, ApiError } from "../api.js";
 import {
-  CATEGORY_COLORS, errorBox, fmtBytes, fmtPercent, h, planTabs, plotly,
+  CATEGORY_COLORS, errorBox, fmtBytes, fmtPercent, h, planTabs, plotly, ranksText,
 } from "../ui.js";
 import { renderStageMemory } from "./stage_memory.js";
 import { costedPlan } from "./timeline.js";
 
 const CAPACITY = "#b3261e";
-
-function ranksText(ranks) {
-  if (ranks.length <= 1) return String(ranks[0] ?? "");
-  const contiguous = ranks.every((r, i) => i === 0 || r === ranks[i - 1] + 1);
-  return contiguous ? `${ranks[0]}–${ranks[ranks.length - 1]}` : ranks.join(", ");
-}
 
 function share(fraction) {
   return fraction > 0 && fraction < 0.001 ? "< 0.1%" : fmtPercent(fraction);

@@ -4,19 +4,16 @@
 // 64 stages draw as fast as 4 on 2. Drag across the chart to zoom (the window goes to the
 // URL as t0, t1 in seconds); click a slot to list the ops of its unit with their times.
 import { api } from "../api.js";
-import { errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, ROLE_COLORS } from "../ui.js";
+import {
+  errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, ranksText, ROLE_COLORS,
+} from "../ui.js";
 
 const ROW = 22;
 const GAP = 4;
 const LABEL = 150;
 const AXIS = 24;
+const RIGHT = 8; // margin right of the time axis
 const PHASES = { F: ["forward", ROLE_COLORS.forward], B: ["backward", ROLE_COLORS.backward] };
-
-function ranksText(ranks) {
-  if (ranks.length <= 1) return String(ranks[0] ?? "");
-  const contiguous = ranks.every((r, i) => i === 0 || r === ranks[i - 1] + 1);
-  return contiguous ? `${ranks[0]}–${ranks[ranks.length - 1]}` : ranks.join(", ");
-}
 
 function headline(view) {
   const slots = view.stages.reduce((n, st) => n + st.slots.phase.length, 0);
@@ -28,9 +25,14 @@ function headline(view) {
     + `(textbook (p-1)/(vm+p-1): ${fmtPercent(view.bubble_formula)}).`);
 }
 
+/** The canvas's drawing width in CSS pixels (900 before it is laid out). */
+function canvasWidth(canvas) {
+  return canvas.clientWidth || 900;
+}
+
 /** Draw the stages' slots in [t0, t1] on `canvas`; returns the hit test (x, y) -> slot. */
 function paint(canvas, view, t0, t1, selected) {
-  const width = canvas.clientWidth || 900;
+  const width = canvasWidth(canvas);
   const height = AXIS + view.stages.length * (ROW + GAP);
   const ratio = window.devicePixelRatio || 1;
   canvas.width = width * ratio;
@@ -39,7 +41,7 @@ function paint(canvas, view, t0, t1, selected) {
   const g = canvas.getContext("2d");
   g.scale(ratio, ratio);
   g.clearRect(0, 0, width, height);
-  const plotW = width - LABEL - 8;
+  const plotW = width - LABEL - RIGHT;
   const x = (t) => LABEL + ((t - t0) / (t1 - t0)) * plotW;
   g.font = "12px system-ui, sans-serif";
   g.fillStyle = "#444";
@@ -57,7 +59,7 @@ function paint(canvas, view, t0, t1, selected) {
     for (let i = 0; i < s.phase.length; i += 1) {
       if (s.end[i] < t0 || s.start[i] > t1) continue;
       const left = Math.max(x(s.start[i]), LABEL);
-      const right = Math.min(x(s.end[i]), width - 8);
+      const right = Math.min(x(s.end[i]), width - RIGHT);
       g.globalAlpha = 0.55 + 0.45 * ((s.chunk[i] % 3) / 2);
       g.fillStyle = PHASES[s.phase[i]][1];
       g.fillRect(left, y, Math.max(right - left - 0.5, 0.5), ROW);
@@ -169,7 +171,7 @@ export async function renderSchedule(body, planId, ctx) {
   reset.addEventListener("click", () => zoom(...whole));
 
   const timeAt = (px) => {
-    const plotW = (canvas.clientWidth || 900) - LABEL - 8;
+    const plotW = canvasWidth(canvas) - LABEL - RIGHT;
     return Math.min(Math.max(t0 + ((px - LABEL) / plotW) * (t1 - t0), t0), t1);
   };
   let dragFrom = null;

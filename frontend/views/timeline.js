@@ -5,7 +5,7 @@
 // into single ops as you zoom in. A pipelined plan's timeline is its schedule (schedule.js).
 import { api, ApiError } from "../api.js";
 import {
-  errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, plotly, ROLE_COLORS,
+  errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, plotly, ranksText, ROLE_COLORS,
 } from "../ui.js";
 import { renderSchedule } from "./schedule.js";
 
@@ -37,12 +37,6 @@ export async function costedPlan(id, body) {
 function figure(label, value, title) {
   return h("div", { class: "figure", title },
     h("div", { class: "muted" }, label), h("div", { class: "value" }, value));
-}
-
-function ranksText(ranks) {
-  if (ranks.length <= 1) return String(ranks[0] ?? "");
-  const contiguous = ranks.every((r, i) => i === 0 || r === ranks[i - 1] + 1);
-  return contiguous ? `${ranks[0]}–${ranks[ranks.length - 1]}` : ranks.join(", ");
 }
 
 /** The y row of an event: "rank R · stream". */

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.cost.clusters import Cluster
+from shardlab.cost.model import PlanCost
 from shardlab.errors import ShardlabError
 from shardlab.ir import Graph
 from shardlab.plan import build_plan
@@ -73,21 +74,13 @@ def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: flo
     except ShardlabError as exc:
         out.error = exc.message
         return out
-    if plan.pipeline is not None and plan.pipeline.cost is not None:
-        cost = plan.pipeline.cost
+    cost = plan.cost if plan.pipeline is None else plan.pipeline.cost
+    assert cost is not None  # a plan built with a cluster is costed
+    if isinstance(cost, PlanCost):
+        figures = cost.summary()
+        out.terms = {k: figures[k] for k in ("compute_s", "comm_s", "exposed_comm_s")}
+    else:
         out.terms = {"bubble_fraction": cost.bubble_fraction}
-    elif plan.cost is not None:
-        flat = plan.cost
-        rank = flat.timeline.rank_of_role.get(0, 0)
-        out.terms = {
-            "compute_s": flat.timeline.compute_time(rank),
-            "comm_s": flat.timeline.comm_time(rank),
-            "exposed_comm_s": flat.timeline.exposed_comm(rank),
-        }
-        cost = flat  # type: ignore[assignment]
-    else:  # pragma: no cover - a cluster always costs the plan
-        out.error = "the plan was not costed"
-        return out
     out.step_time_s = cost.step_time
     out.peak_memory_bytes = cost.peak_memory_bytes
     out.mfu = cost.mfu

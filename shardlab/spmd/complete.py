@@ -1,7 +1,8 @@
 """Completion: a DistSpec for every value and a RuleResult for every op of a graph.
 
 1. Annotations (templates first, in order, then the user's; a later one overrides an earlier
-   one on the same value and mesh axis) become per-axis constraints on values.
+   one on the same value and mesh axis) become per-axis constraints on values
+   (`spmd.constraints`).
 2. A forward pass in topological order applies each op's rule to the specs its inputs arrive
    in. Free source values (unannotated params, inputs, constants) take the spec their first
    consumer requires. Outputs take the rule's spec, overridden on annotated axes (the
@@ -21,12 +22,12 @@
    inputs) takes the spec its first consumer requires, and the forward pass runs again,
    until nothing changes.
 
-Every value records the decisions that gave its placement, for `explain`.
+Every value records the decisions that gave its placement, for `explain`. Repeated layers
+are completed once per distinct situation and share the results (`spmd.folding`).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,11 +42,17 @@ from shardlab.placement import (
     Replicate,
 )
 from shardlab.recompute import kept_name
-from shardlab.repeats import Repeats, Segment, repeats_of, split_name, translate
-from shardlab.spmd.constraints import Constraints, resolve_annotations
+from shardlab.repeats import Segment, repeats_of, translate
+from shardlab.spmd.constraints import (
+    Constraints,
+    annotation_text,
+    constrained,
+    pins,
+    resolve_annotations,
+)
 from shardlab.spmd.cost import reshard_cost
 from shardlab.spmd.engine import infer
-from shardlab.spmd.folding import FoldedMap, Recorder, rename_text
+from shardlab.spmd.folding import FoldedMap, Recorder, rename_text, slot_key, uniform_segments
 from shardlab.spmd.result import RuleResult
 from shardlab.strategy import Annotation, Strategy
 
@@ -144,18 +151,6 @@ def complete(graph: Graph, strategy: Strategy, fold: bool = True) -> CompletedGr
     return result
 
 
-def _constrained(spec: DistSpec, slot: dict[int, tuple[Placement, Annotation]] | None) -> DistSpec:
-    if not slot:
-        return spec
-    placements = tuple(slot[k][0] if k in slot else p for k, p in enumerate(spec.placements))
-    return DistSpec(spec.mesh, placements)
-
-
-def _annotation_text(slot: dict[int, tuple[Placement, Annotation]]) -> str:
-    anns = {a.text(): a.source for _, a in slot.values()}
-    return ", ".join(f"{t!r} ({s})" for t, s in anns.items())
-
-
 class _Walk:
     """One forward pass of completion: its results so far, the state rules read (through
     the recorder, so that a repeated layer can be folded onto a twin: `spmd.folding`)."""
@@ -179,13 +174,19 @@ class _Walk:
         )
         self.copies: dict[str, set[tuple[Placement, ...]]] = {}  # copies the lowering reuses
         self.constraints, self.backward = constraints, backward
-        self.pins = _pins(graph, constraints, self.mesh.ndim, use=False)
-        self.gathers = _pins(graph, constraints, self.mesh.ndim, use=True)
+        #: the tables read by name as they are: placements, backward-step requests, the
+        #: placements pinned for the optimizer and gathered for compute ops
+        self.tables: dict[str, Mapping[str, Any]] = {
+            "specs": self.specs,
+            "backward": backward,
+            "pins": pins(graph, constraints, self.mesh.ndim, use=False),
+            "gathers": pins(graph, constraints, self.mesh.ndim, use=True),
+        }
         self.rec = Recorder(owner_v)
         if resolved.layer_blind and not backward:  # the layers of a class share their slots
             self.uniform = {s.index for s in repeats.segments}
         else:
-            self.uniform = _uniform_segments(repeats, constraints, backward)
+            self.uniform = uniform_segments(repeats, constraints, backward)
 
     # -- reads, noted by the recorder -----------------------------------------------------
 
@@ -198,15 +199,14 @@ class _Walk:
         seg = self.rec.current
         if seg is None:
             return slot
-        return self.rec.read("constraints", v, slot, _slot_key(slot, seg.family, seg.layer))
+        return self.rec.read("constraints", v, slot, slot_key(slot, seg.family, seg.layer))
 
     def requested(self, v: str) -> DistSpec | None:
         return self.rec.read("backward", v, self.backward.get(v))
 
     def pinned(self, v: str, optimizer: bool) -> tuple[Placement | None, ...] | None:
         table = "pins" if optimizer else "gathers"
-        pins = self.pins if optimizer else self.gathers
-        return self.rec.read(table, v, pins.get(v))
+        return self.rec.read(table, v, self.tables[table].get(v))
 
     def copies_of(self, v: str) -> frozenset[tuple[Placement, ...]]:
         return self.rec.read("copies", v, frozenset(self.copies.get(v, ())))
@@ -215,24 +215,17 @@ class _Walk:
         if op.role != OpRole.BACKWARD:
             return {}
         found = _saved_specs(self.graph, op, self.rules, self.specs)
-        index = {v: i for i, v in enumerate(op.inputs)}
-        self.rec.read("saved", op.name, sorted((index[v], s) for v, s in found.items()))
+        self.rec.read("saved", op.name, _saved_key(op, found))
         return found
 
     def lookup(self, table: str, name: str, segment: Segment | None = None) -> Any:
         """What a read of `table` under `name` gives now (without noting it), as the
         recorder compares it for `segment`."""
-        if table == "specs":
-            return self.specs.get(name)
         if table == "constraints":
             slot = self.constraints.get(name)
-            return slot if segment is None else _slot_key(slot, segment.family, segment.layer)
-        if table == "backward":
-            return self.backward.get(name)
-        if table == "pins":
-            return self.pins.get(name)
-        if table == "gathers":
-            return self.gathers.get(name)
+            return slot if segment is None else slot_key(slot, segment.family, segment.layer)
+        if table in self.tables:
+            return self.tables[table].get(name)
         if table == "copies":
             return frozenset(self.copies.get(name, ()))
         if table == "saved":
@@ -240,9 +233,7 @@ class _Walk:
                 op = self.graph.op(name)
             except GraphError:
                 return None
-            found = _saved_specs(self.graph, op, self.rules, self.specs)
-            index = {v: i for i, v in enumerate(op.inputs)}
-            return sorted((index[v], s) for v, s in found.items())
+            return _saved_key(op, _saved_specs(self.graph, op, self.rules, self.specs))
         raise KeyError(table)
 
     # -- writes ---------------------------------------------------------------------------
@@ -270,46 +261,11 @@ class _Walk:
         return True
 
 
-def _slot_key(slot: dict[int, tuple[Placement, Annotation]] | None, family: str, layer: int) -> Any:
-    """An annotation slot as a layer compares it with its twin's: placements and the
-    annotations asking, their patterns relative to the layer."""
-    if slot is None:
-        return None
-    return tuple(
-        (k, p, a.source, a.pin, a.note, _relative_pattern(a.pattern, family, layer))
-        for k, (p, a) in sorted(slot.items())
-    )
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _relative_pattern(pattern: str, family: str, layer: int) -> str:
-    return rename_text(pattern, family, layer, 0) if family else pattern
-
-
-def _uniform_segments(
-    repeats: Repeats,
-    constraints: Mapping[str, dict[int, tuple[Placement, Annotation]]],
-    backward: Mapping[str, DistSpec],
-) -> set[int]:
-    """Layer segments whose own annotations and backward-step requests equal those of the
-    first segment of their class, renamed (`folding.CONSTANT_TABLES`)."""
-    owner, segments = repeats.value_segment, repeats.segments
-    own: dict[int, dict[tuple[str, str], Any]] = {}
-    for table, entries in (("c", constraints), ("b", backward)):
-        for name, entry in entries.items():
-            seg = owner.get(name)
-            if seg is None or segments[seg].cls < 0:
-                continue
-            s = segments[seg]
-            split = split_name(name, s.family)
-            rel = name if split is None else f"{split[0] - s.layer}{split[1]}"
-            key = _slot_key(entry, s.family, s.layer) if table == "c" else entry  # type: ignore[arg-type]
-            own.setdefault(seg, {})[(table, rel)] = key
-    uniform: set[int] = set()
-    for members in repeats.classes:
-        first = own.get(members[0], {})
-        uniform.update(m for m in members if own.get(m, {}) == first)
-    return uniform
+def _saved_key(op: Op, saved: Mapping[str, DistSpec]) -> list[tuple[int, DistSpec]]:
+    """What a backward op read of its forward op's layout, free of names (input index and
+    spec), so that twins in different layers compare equal."""
+    index = {v: i for i, v in enumerate(op.inputs)}
+    return sorted((index[v], spec) for v, spec in saved.items())
 
 
 def _renamed_decisions(trail: list[Decision], twin: Segment, segment: Segment) -> list[Decision]:
@@ -336,8 +292,8 @@ def _forward(
     for name, slot in constraints.items():
         if graph.producer(name) is None and slot:
             if id(slot) not in said:
-                spec = _constrained(replicated, slot)
-                text = f"annotated {_annotation_text(slot)}"
+                spec = constrained(replicated, slot)
+                text = f"annotated {annotation_text(slot)}"
                 said[id(slot)] = (spec, Decision(str(spec), "annotation", text))
             spec, decision = said[id(slot)]
             w.place(name, spec, [decision])
@@ -437,21 +393,19 @@ def _place_output(
         spec = state
     slot = w.constraint(name) or w.constraint(kept_name(name))  # a replay: as forward
     if slot:
-        wanted = _constrained(spec, slot)
+        wanted = constrained(spec, slot)
         if wanted != spec:
             trail.append(
                 Decision(
                     str(wanted),
                     "annotation",
-                    f"annotated {_annotation_text(slot)}; "
+                    f"annotated {annotation_text(slot)}; "
                     f"{op.name!r} produces {spec}, resharded after the op",
                     op.name,
                 )
             )
         else:
-            trail.append(
-                Decision(str(spec), "annotation", f"as annotated {_annotation_text(slot)}")
-            )
+            trail.append(Decision(str(spec), "annotation", f"as annotated {annotation_text(slot)}"))
         spec = wanted
     w.place(name, spec, trail)
 
@@ -492,31 +446,6 @@ def _deferrable(graph: Graph, name: str) -> bool:
         and graph.values[name].kind == ValueKind.GRAD
         and graph.values[base].kind == ValueKind.PARAM
     )
-
-
-def _pins(
-    graph: Graph,
-    constraints: dict[str, dict[int, tuple[Placement, Annotation]]],
-    ndim: int,
-    use: bool,
-) -> dict[str, tuple[Placement | None, ...]]:
-    """Per annotated source value, the placements its annotations fix, by mesh axis: where it
-    is pinned, its annotated placement; where it is not (FSDP, ZeRO-3) and `use` is asked
-    (a compute op, not the optimizer), replicated: the recipe gathers it before use."""
-    out: dict[str, tuple[Placement | None, ...]] = {}
-    known: dict[int, tuple[Placement | None, ...] | None] = {}  # by slot: layers share them
-    for name, slot in constraints.items():
-        if graph.producer(name) is not None:
-            continue
-        if id(slot) not in known:
-            fixed: list[Placement | None] = [None] * ndim
-            for k, (placement, ann) in slot.items():
-                fixed[k] = placement if ann.pin else (Replicate() if use else None)
-            known[id(slot)] = tuple(fixed) if any(p is not None for p in fixed) else None
-        pinned = known[id(slot)]
-        if pinned is not None:
-            out[name] = pinned
-    return out
 
 
 def _saved_specs(

@@ -14,12 +14,13 @@ resolved by name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shardlab.annotation import Annotation, match_values
 from shardlab.errors import PlacementError
 from shardlab.ir import Graph
-from shardlab.placement import Placement, Replicate, check_placements, local_shape
+from shardlab.placement import DistSpec, Placement, Replicate, check_placements, local_shape
 from shardlab.repeats import Repeats, is_glob, layer_blind, repeats_of, translate
 from shardlab.strategy import Strategy, StrategyError
 from shardlab.templates import template_annotations
@@ -123,3 +124,40 @@ def _asker(ann: Annotation) -> str:
     """An annotation as an error names it: its text, and the template that made it."""
     template = ann.source.removeprefix("template:")
     return repr(ann.text()) + (f" from template {template}" if template != ann.source else "")
+
+
+def constrained(spec: DistSpec, slot: Slot | None) -> DistSpec:
+    if not slot:
+        return spec
+    placements = tuple(slot[k][0] if k in slot else p for k, p in enumerate(spec.placements))
+    return DistSpec(spec.mesh, placements)
+
+
+def annotation_text(slot: Slot) -> str:
+    anns = {a.text(): a.source for _, a in slot.values()}
+    return ", ".join(f"{t!r} ({s})" for t, s in anns.items())
+
+
+def pins(
+    graph: Graph,
+    constraints: Mapping[str, Slot],
+    ndim: int,
+    use: bool,
+) -> dict[str, tuple[Placement | None, ...]]:
+    """Per annotated source value, the placements its annotations fix, by mesh axis: where it
+    is pinned, its annotated placement; where it is not (FSDP, ZeRO-3) and `use` is asked
+    (a compute op, not the optimizer), replicated: the recipe gathers it before use."""
+    out: dict[str, tuple[Placement | None, ...]] = {}
+    known: dict[int, tuple[Placement | None, ...] | None] = {}  # by slot: layers share them
+    for name, slot in constraints.items():
+        if graph.producer(name) is not None:
+            continue
+        if id(slot) not in known:
+            fixed: list[Placement | None] = [None] * ndim
+            for k, (placement, ann) in slot.items():
+                fixed[k] = placement if ann.pin else (Replicate() if use else None)
+            known[id(slot)] = tuple(fixed) if any(p is not None for p in fixed) else None
+        pinned = known[id(slot)]
+        if pinned is not None:
+            out[name] = pinned
+    return out

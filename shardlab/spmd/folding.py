@@ -18,11 +18,14 @@ the number of layers.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from shardlab.annotation import Annotation
+from shardlab.placement import DistSpec, Placement
 from shardlab.repeats import Repeats, Segment, split_name, translate
 
 T = TypeVar("T")
@@ -191,3 +194,45 @@ class Recorder:
             else:
                 return rec
         return None
+
+
+def slot_key(slot: dict[int, tuple[Placement, Annotation]] | None, family: str, layer: int) -> Any:
+    """An annotation slot as a layer compares it with its twin's: placements and the
+    annotations asking, their patterns relative to the layer."""
+    if slot is None:
+        return None
+    return tuple(
+        (k, p, a.source, a.pin, a.note, _relative_pattern(a.pattern, family, layer))
+        for k, (p, a) in sorted(slot.items())
+    )
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _relative_pattern(pattern: str, family: str, layer: int) -> str:
+    return rename_text(pattern, family, layer, 0) if family else pattern
+
+
+def uniform_segments(
+    repeats: Repeats,
+    constraints: Mapping[str, dict[int, tuple[Placement, Annotation]]],
+    backward: Mapping[str, DistSpec],
+) -> set[int]:
+    """Layer segments whose own annotations and backward-step requests equal those of the
+    first segment of their class, renamed (`folding.CONSTANT_TABLES`)."""
+    owner, segments = repeats.value_segment, repeats.segments
+    own: dict[int, dict[tuple[str, str], Any]] = {}
+    for table, entries in (("c", constraints), ("b", backward)):
+        for name, entry in entries.items():
+            seg = owner.get(name)
+            if seg is None or segments[seg].cls < 0:
+                continue
+            s = segments[seg]
+            split = split_name(name, s.family)
+            rel = name if split is None else f"{split[0] - s.layer}{split[1]}"
+            key = slot_key(entry, s.family, s.layer) if table == "c" else entry  # type: ignore[arg-type]
+            own.setdefault(seg, {})[(table, rel)] = key
+    uniform: set[int] = set()
+    for members in repeats.classes:
+        first = own.get(members[0], {})
+        uniform.update(m for m in members if own.get(m, {}) == first)
+    return uniform
