@@ -339,3 +339,15 @@ def training_graph(
         meta={**graph.meta, "optimizer": optimizer, "loss": loss, "master_weights": masters},
     )
     return apply_recompute(train, recompute)
+
+
+def training_graph_of(graph: Graph, optimizer: str, lr: float, recompute: str) -> Graph:
+    """`training_graph(graph, optimizer, lr, recompute=recompute)`, built once per setting
+    and kept on `graph` (graphs are not changed once built, as `repeats_of` also assumes):
+    plans of one model under many strategies, as a search makes, share it and the caches
+    kept on it."""
+    known: dict[tuple[str, float, str], Graph] = graph.__dict__.setdefault("_training", {})
+    key = (optimizer, float(lr), recompute)
+    if key not in known:
+        known[key] = training_graph(graph, optimizer=optimizer, lr=lr, recompute=recompute)
+    return known[key]

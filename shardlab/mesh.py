@@ -34,6 +34,10 @@ class Mesh:
     axis_names: tuple[str, ...]
     ranks: tuple[int, ...] = ()
     _position: dict[int, int] = field(init=False, repr=False, compare=False, hash=False)
+    #: (rank, axis index) -> its group, as `group_of` found it (costing asks again and again)
+    _groups: dict[tuple[int, int], tuple[int, ...]] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
 
     def __post_init__(self) -> None:
         shape = _as_tuple(self.shape, "shape")
@@ -88,6 +92,7 @@ class Mesh:
         object.__setattr__(self, "axis_names", names)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "_position", position)
+        object.__setattr__(self, "_groups", {})
 
     @property
     def ndim(self) -> int:
@@ -162,8 +167,14 @@ class Mesh:
     def group_of(self, rank: int, axis: str | int) -> tuple[int, ...]:
         """The group along `axis` that contains `rank`."""
         k = self.axis_index(axis)
-        coord = list(self.coord(rank))
-        return tuple(self.rank_at((*coord[:k], c, *coord[k + 1 :])) for c in range(self.shape[k]))
+        known = self._groups.get((rank, k))
+        if known is None:
+            coord = list(self.coord(rank))
+            known = tuple(
+                self.rank_at((*coord[:k], c, *coord[k + 1 :])) for c in range(self.shape[k])
+            )
+            self._groups[(rank, k)] = known
+        return known
 
     def submesh(self, axis: str | int, index: int) -> Mesh:
         """The mesh with `axis` removed, fixed at `index` (e.g. one pipeline stage)."""

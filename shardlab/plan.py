@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from shardlab.autodiff import training_graph
+from shardlab.autodiff import training_graph_of
 from shardlab.cost.clusters import Cluster, cluster_from_dict, load_cluster
 from shardlab.cost.compute import OpTimeMemo
 from shardlab.cost.model import PlanCost, cost_program
@@ -197,7 +197,7 @@ def build_plan(
         return Plan(model, strategy, built.training, built.completed, stages[-1].program,
                     optimizer, lr, None, stages, built.report)  # fmt: skip
     report(0.0, "training graph")
-    training = training_graph(model, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
+    training = training_graph_of(model, optimizer, lr, strategy.recompute)
     report(0.1, "completion")
     completed = complete(training, strategy, fold)
     report(0.4, "lowering")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardlab.autodiff import training_graph
+from shardlab.autodiff import training_graph_of
 from shardlab.cost.clusters import Cluster
 from shardlab.cost.pipeline_slots import PipelineSlotCost, cost_pipeline_slots
 from shardlab.errors import PresetError
@@ -26,7 +26,11 @@ from shardlab.models.config import OVERRIDABLE
 from shardlab.passes.manager import PASSES, run_passes
 from shardlab.passes.pipeline import stage_strategy
 from shardlab.passes.pipeline_schedule import PipelineError, PipelineOptions
-from shardlab.passes.pipeline_stages import StageAssignment, assign_layers
+from shardlab.passes.pipeline_stages import (
+    StageAssignment,
+    assign_layers,
+    assign_layers_by_time,
+)
 from shardlab.program import DistProgram
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy
@@ -42,7 +46,16 @@ STAGE_LOCAL_PASSES = frozenset({"dp_fuse_allreduce", "dp_overlap"})
 
 def micro_model(model: Graph, microbatches: int) -> Graph:
     """The forward graph of one micro-batch: the preset `model` was built from, rebuilt with
-    batch / microbatches (a graph that is not a preset cannot be cut into micro-batches)."""
+    batch / microbatches (a graph that is not a preset cannot be cut into micro-batches).
+    Built once per micro-batch count and kept on `model`, as `training_graph_of` keeps its
+    training graphs."""
+    known: dict[int, Graph] = model.__dict__.setdefault("_micro", {})
+    if microbatches not in known:
+        known[microbatches] = _rebuilt(model, microbatches)
+    return known[microbatches]
+
+
+def _rebuilt(model: Graph, microbatches: int) -> Graph:
     from shardlab.models import build_model
 
     preset, config = model.meta.get("preset"), model.meta.get("config")
@@ -118,12 +131,18 @@ def build_pipelined(
     options = PipelineOptions.from_options(strategy.options, pp)
     micro = micro_model(model, options.microbatches)
     report(0.05, "training graph of one micro-batch")
-    training = training_graph(micro, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
+    training = training_graph_of(micro, optimizer, lr, strategy.recompute)
     assignment = _assignment(training, pp, options)
     report(0.1, "completion")
     completed = complete(training, stage_strategy(strategy, PIPELINE_AXIS), fold)
     report(0.4, "lowering")
     program = lower(completed)
+    if options.balance == "time":
+        if cluster is None:
+            raise PipelineError("pipeline option balance 'time' needs a cluster to time the "
+                                "layers on (--cluster)", option="balance")  # fmt: skip
+        assignment = assign_layers_by_time(program, training, pp, options.virtual_stages,
+                                           cluster)  # fmt: skip
     cost = None
     if cluster is not None:
         cost = functools.partial(
@@ -155,9 +174,10 @@ def build_pipelined(
 
 
 def _assignment(training: Graph, pp: int, options: PipelineOptions) -> StageAssignment:
-    """Layers per chunk: balanced by FLOPs, or the same count per chunk (Megatron-LM)."""
+    """Layers per chunk: balanced by FLOPs, or the same count per chunk (Megatron-LM);
+    balanced by time (FLOPs until the program is lowered and timed)."""
     v = options.virtual_stages
-    if options.balance == "flops":
+    if options.balance in ("flops", "time"):
         return assign_layers(training, pp, v)
     layers = assign_layers(training, pp, v).chunks[-1][1]
     k = pp * v

@@ -11,7 +11,8 @@ function layers(list) {
 export function pipelineSection(p) {
   const head = h("p", {}, `${p.schedule} schedule, ${p.pp} stages, ${p.microbatches} micro-batches`
     + (p.virtual_stages > 1 ? `, ${p.virtual_stages} model chunks per stage` : "")
-    + `, layers ${p.balance === "even" ? "evenly split" : "balanced by FLOPs"}.`);
+    + `, layers ${{ even: "evenly split", time: "balanced by predicted time" }[p.balance]
+      || "balanced by FLOPs"}.`);
   const out = [h("h2", {}, "Pipeline"), head];
   if (p.step_time_s !== undefined) {
     out.push(h("p", {}, `Step ${fmtTime(p.step_time_s)} on ${p.cluster}; bubble `

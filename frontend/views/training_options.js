@@ -9,7 +9,8 @@ const RECOMPUTE = [
   ["full", "full — keep only each layer's input, replay its forward"],
 ];
 const SCHEDULES = [["1f1b", "1F1B"], ["interleaved", "interleaved 1F1B"], ["gpipe", "GPipe"]];
-const BALANCES = [["flops", "balanced by FLOPs"], ["even", "the same number of layers (Megatron-LM)"]];
+const BALANCES = [["flops", "balanced by FLOPs"], ["time", "balanced by predicted time"],
+  ["even", "the same number of layers (Megatron-LM)"]];
 
 function select(choices, value) {
   const el = h("select", {}, choices.map(([v, text]) => h("option", { value: v }, text)));

@@ -83,7 +83,10 @@ def plan_cmd(
     ] = None,
     balance: Annotated[
         str,
-        typer.Option(help="Layers per pipeline stage: flops (balanced) or even (Megatron-LM)."),
+        typer.Option(
+            help="Layers per pipeline stage: flops or time (balanced by FLOPs or by the "
+            "cost model's seconds) or even (Megatron-LM)."
+        ),
     ] = "flops",
     detailed_pipeline: Annotated[
         bool,

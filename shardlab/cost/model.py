@@ -32,6 +32,7 @@ from shardlab.cost.compute import (
 from shardlab.cost.memory import MemoryProfile, memory_profile
 from shardlab.cost.timeline import Timeline, mfu, simulate, tokens_per_second
 from shardlab.ir import Graph, ValueKind
+from shardlab.mesh import Mesh
 from shardlab.program import DistOp, DistProgram
 from shardlab.reshard import CommStep
 
@@ -140,15 +141,22 @@ def tokens_per_step(graph: Graph) -> int:
 
 def role_of_ranks(program: DistProgram, cluster: Cluster) -> dict[int, Hashable]:
     """Each rank's role: how its group on every mesh axis spreads over nodes."""
-    mesh = program.mesh
-    roles: dict[int, Hashable] = {}
+    cluster.node_of(max(program.mesh.ranks))  # a rank outside the cluster is named
+    return dict(_roles(program.mesh, cluster.devices_per_node))
+
+
+@functools.lru_cache(maxsize=256)
+def _roles(mesh: Mesh, devices_per_node: int) -> tuple[tuple[int, Hashable], ...]:
+    """`role_of_ranks` of a mesh (rank r on node r // devices_per_node), kept: the stages and
+    passes of a plan, and the plans of a search, ask for the same meshes again and again."""
+    roles = []
     for rank in mesh.ranks:
         shape = []
         for axis in mesh.axis_names:
-            per_node = Counter(cluster.node_of(r) for r in mesh.group_of(rank, axis))
+            per_node = Counter(r // devices_per_node for r in mesh.group_of(rank, axis))
             shape.append(tuple(sorted(per_node.values())))
-        roles[rank] = tuple(shape)
-    return roles
+        roles.append((rank, tuple(shape)))
+    return tuple(roles)
 
 
 def cost_program(

@@ -26,7 +26,7 @@ pipeline axis) and the stage assignment, and:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -232,12 +232,12 @@ def cost_pipeline_slots(
             units.setdefault((place.chunk, place.phase), []).append(i)
     times: dict[tuple[int, str], float] = {}
     unit_events: dict[tuple[int, str], tuple[Event, ...]] = {}
+    alike = _Alike()
     for (chunk, phase), indices in units.items():
         sub = mesh.submesh(axis, assignment.stage_of_chunk(chunk))
-        timeline = _fragment_timeline(program, sorted(indices), sub, cluster, table)
-        times[(chunk, phase)] = timeline.step_time
-        rep = min(timeline.events)
-        unit_events[(chunk, phase)] = tuple(timeline.events[rep])
+        times[(chunk, phase)], unit_events[(chunk, phase)] = alike.unit(
+            program, sorted(indices), sub, cluster, table
+        )
     p2p = _p2p_times(program, split, mesh, axis, cluster)
     orders, ends, busy = schedule_step(schedule, pp, microbatches, v, times, p2p)
     stages = []
@@ -279,6 +279,60 @@ def cost_pipeline_slots(
     )
 
 
+class _Alike:
+    """Units whose ops match one already simulated, op for op (the same kinds, shapes,
+    placements, collectives and dependencies; only the layer numbers in their names differ,
+    as in the middle stages of a model of repeated layers), on ranks of the same roles,
+    take its time and events, renamed: each distinct unit is simulated once."""
+
+    def __init__(self) -> None:
+        self.known: dict[Hashable, tuple[float, tuple[Event, ...], list[DistOp]]] = {}
+
+    def unit(
+        self,
+        program: DistProgram,
+        indices: Sequence[int],
+        mesh: Mesh,
+        cluster: Cluster,
+        table: CalibrationTable | None,
+    ) -> tuple[float, tuple[Event, ...]]:
+        ops = [program.ops[i] for i in indices]
+        key = _shape_key(program, ops, mesh, cluster)
+        if key is not None and key in self.known:
+            seconds, events, twin = self.known[key]
+            name = {a.name: b for a, b in zip(twin, ops, strict=True)}
+            return seconds, tuple(
+                replace(e, name=name[e.name].name, scope=name[e.name].scope) for e in events
+            )
+        timeline = _fragment_timeline(program, indices, mesh, cluster, table)
+        events = tuple(timeline.events[min(timeline.events)])
+        if key is not None:
+            self.known[key] = (timeline.step_time, events, ops)
+        return timeline.step_time, events
+
+
+def _shape_key(
+    program: DistProgram, ops: list[DistOp], mesh: Mesh, cluster: Cluster
+) -> Hashable | None:
+    """What a unit's time depends on, without the ops' names (None: not hashable)."""
+    position = {op.name: i for i, op in enumerate(ops)}
+    types, specs = program.types, program.specs
+    try:
+        key = (
+            frozenset(role_of_ranks(DistProgram(mesh, [], {}, {}, {}), cluster).values()),
+            tuple(
+                (op.kind, op.stream, op.kernel, op.comm, repr(sorted(op.attrs.items())),
+                 tuple((types[v], specs[v].placements) for v in (*op.inputs, *op.outputs)),
+                 tuple(position.get(d, -1) for d in op.deps))
+                for op in ops
+            ),
+        )  # fmt: skip
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _fragment_timeline(
     program: DistProgram,
     indices: Sequence[int],
@@ -293,7 +347,8 @@ def _fragment_timeline(
         return Timeline(0.0, {first: []}, dict.fromkeys(mesh.ranks, first), 0.0)
     ops = [program.ops[i] for i in indices]
     names = {op.name for op in ops}
-    ops = [replace(op, deps=tuple(d for d in op.deps if d in names)) for op in ops]
+    ops = [op if all(d in names for d in op.deps) else
+           replace(op, deps=tuple(d for d in op.deps if d in names)) for op in ops]  # fmt: skip
     fragment = DistProgram(mesh, ops, program.types, program.specs, {})
     compute = program_op_times(fragment, cluster, table)
 

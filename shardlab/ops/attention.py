@@ -7,7 +7,9 @@ j <= i) and `scale` (a number; null or absent means 1 / sqrt(D)).
 
 FLOPs count the two matmuls only (scores q.k and the weighted sum of v):
 2 * B * Hq * pairs * (D + Dv), where pairs = Sq * Skv, or Sq * (Sq + 1) / 2 when causal
-(only the query/key pairs the mask keeps). The softmax is not counted.
+(only the query/key pairs the mask keeps). A rank holding a shard of the queries (Sq < Skv,
+sequence-sharded attention) is counted as the last shard, the busiest: Sq * (Skv - Sq) +
+Sq * (Sq + 1) / 2. The softmax is not counted.
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ def _flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) 
     q, k, v = ins
     b, sq, hq, d = q.shape
     skv = k.shape[1]
-    pairs = sq * (sq + 1) // 2 if attrs.get("causal", True) else sq * skv
+    pairs = sq * skv
+    if attrs.get("causal", True):
+        # a block of the last sq queries (a rank's sequence shard: the busiest) sees every key
+        # before it and a triangle of its own; the whole sequence (sq == skv) is a triangle
+        pairs = sq * (skv - sq) + sq * (sq + 1) // 2
     return 2 * b * hq * pairs * (d + v.shape[3])
 
 

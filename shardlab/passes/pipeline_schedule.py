@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: How the layers are split over the model chunks (`PipelineOptions.balance`).
-BALANCES = ("flops", "even")
+BALANCES = ("flops", "time", "even")
 
 
 class PipelineError(ShardlabError):
@@ -62,7 +62,8 @@ class Unit:
 class PipelineOptions:
     """How a `pp` mesh axis pipelines: schedule, micro-batches per step, model chunks per
     stage (interleaved), and how layers are split (`flops`: balanced by FLOPs, the
-    embedding and head counted; `even`: the same number per chunk, as Megatron-LM does)."""
+    embedding and head counted; `time`: balanced by the cost model's seconds on the plan's
+    cluster; `even`: the same number per chunk, as Megatron-LM does)."""
 
     schedule: str = "1f1b"
     microbatches: int = 0  # 0: one per pipeline stage

@@ -1,8 +1,10 @@
 """Stage assignment: which layers each pipeline stage (and model chunk) holds.
 
 The layers (`layers.<i>` scopes) are split into `pp * v` contiguous model chunks, balanced
-by FLOPs (`shardlab.cost.compute.op_flops` over each layer's forward and backward ops) or cut
-at given layer boundaries. Chunk `c` runs on stage `c % pp`: with `v` virtual stages each
+by FLOPs (`shardlab.cost.compute.op_flops` over each layer's forward and backward ops), by
+the cost model's seconds on a cluster (`assign_layers_by_time`), or cut at given layer
+boundaries; the balancing is an exact dynamic program over layers and chunks. Chunk `c`
+runs on stage `c % pp`: with `v` virtual stages each
 stage holds `v` chunks, round-robin (interleaved 1F1B). Modules before the first layer
 (`embed`, `rope`) belong to chunk 0, the others (`final_norm`, `lm_head`, `loss`) to the last.
 """
@@ -14,9 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from shardlab.cost.compute import op_flops
+from shardlab.cost.clusters import Cluster
+from shardlab.cost.comm import step_time
+from shardlab.cost.compute import op_flops, program_op_times
 from shardlab.ir import Graph
 from shardlab.passes.pipeline_schedule import PipelineError
+from shardlab.program import DistProgram
 
 _LAYER = re.compile(r"^layers\.(\d+)(?:\.|$)")
 
@@ -123,17 +128,54 @@ def assign_layers(
     return StageAssignment(pp, virtual_stages, tuple(zip(starts, stops, strict=True)), pre_modules)
 
 
-def balanced_cuts(costs: Sequence[int], k: int, pre: int = 0, post: int = 0) -> list[int]:
+def assign_layers_by_time(
+    program: DistProgram, training: Graph, pp: int, virtual_stages: int, cluster: Cluster
+) -> StageAssignment:
+    """Split the layers into pp*v chunks balanced by the cost model's seconds: every op of the
+    lowered program (forward, backward and the collectives inside each layer) on its first
+    rank, summed per layer, with the modules before and after the layers as in
+    `assign_layers`. FLOPs miss what is bound by memory or links: the embedding's gather,
+    the loss over a large vocabulary, the tensor-parallel collectives."""
+    _, _, _, pre_modules = layer_costs(training)
+    compute = program_op_times(program, cluster)
+    rank = program.mesh.ranks[0]
+    per: dict[int, float] = {}
+    pre = post = 0.0
+    for op in program.ops:
+        if op.comm is not None:
+            seconds = step_time(op.comm, program.mesh.group_of(rank, op.comm.axis), cluster)
+        else:
+            seconds = compute.get(op.name, 0.0)
+        found = _LAYER.match(op.scope)
+        if found:
+            per[int(found.group(1))] = per.get(int(found.group(1)), 0.0) + seconds
+        elif op.scope.split(".")[0] in pre_modules:
+            pre += seconds
+        elif op.scope:
+            post += seconds
+    n, k = max(per) + 1, pp * virtual_stages
+    if n < k:
+        raise PipelineError(
+            f"{n} layers cannot fill {k} pipeline chunks (pp={pp} x {virtual_stages} virtual "
+            "stages): every chunk needs a layer",
+            layers=n,
+        )
+    cuts = balanced_cuts([per.get(i, 0.0) for i in range(n)], k, pre, post)
+    starts, stops = [0, *cuts], [*cuts, n]
+    return StageAssignment(pp, virtual_stages, tuple(zip(starts, stops, strict=True)), pre_modules)
+
+
+def balanced_cuts(costs: Sequence[float], k: int, pre: float = 0, post: float = 0) -> list[int]:
     """Cut points of k contiguous chunks minimising the largest chunk cost (exact DP).
 
     `pre` is added to the first chunk's cost and `post` to the last one's.
     """
     n = len(costs)
-    prefix = [0]
+    prefix: list[float] = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
 
-    def cost(chunk: int, a: int, b: int) -> int:
+    def cost(chunk: int, a: int, b: int) -> float:
         return prefix[b] - prefix[a] + (pre if chunk == 0 else 0) + (post if chunk == k - 1 else 0)
 
     inf = float("inf")

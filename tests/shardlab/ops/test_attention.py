@@ -133,3 +133,13 @@ def test_flops_causal_counts_kept_pairs() -> None:
     pairs = 6 * 7 // 2  # 21 of the 36 query/key pairs survive the mask
     assert get_op(KIND).flops([q, k, v], [out], {}) == 2 * 2 * 4 * pairs * 16 == 5376
     assert get_op(KIND).flops([q, k, v], [out], {"causal": True}) == 5376
+
+
+def test_flops_of_a_sequence_shard_of_the_queries_count_the_busiest_rank() -> None:
+    """A rank holding 2 of 6 queries (the sequence sharded over 3 ranks) against all 6 keys:
+    the last shard sees 4 earlier keys per query and a triangle of its own, 2 * 4 + 3 = 11
+    pairs, where the first shard keeps 3 and the whole sequence 21."""
+    q, k, v = TensorType((2, 2, 4, 8)), TensorType((2, 6, 2, 8)), TensorType((2, 6, 2, 8))
+    out = TensorType((2, 2, 4, 8))
+    assert get_op(KIND).flops([q, k, v], [out], {}) == 2 * 2 * 4 * 11 * 16
+    assert 3 * get_op(KIND).flops([q, k, v], [out], {}) >= 5376  # no shard counts less work
