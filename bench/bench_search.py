@@ -46,8 +46,8 @@ def _agreement() -> tuple[float, float, int, int, float]:
 def run() -> Section:
     section = Section(
         "Strategy search (whole search on this machine's cores; predicted figures)",
-        ["search", "time", "goal", "met", "candidates planned (fit)", "meshes pruned", "winner",
-         "winner's step", "MFU"],
+        ["search", "time", "goal", "met", "candidates planned (fit)", "skipped by bounds",
+         "winner", "winner's step", "MFU"],
     )  # fmt: skip
     for model, cluster, batch, goal in FULL:
         result = search(model, cluster, global_batch=batch)
@@ -56,11 +56,20 @@ def run() -> Section:
             f"{model} on {cluster} ({result.gpus} GPUs), global batch {batch}",
             f"{result.seconds:.1f} s", f"≤ {goal:.0f} s",
             "yes" if result.seconds <= goal else "**no**",
-            f"{len(result.ranked)} ({len(result.feasible)})", str(len(result.pruned)),
+            f"{len(result.ranked)} ({len(result.feasible)})", str(len(result.skipped)),
             win.candidate.label() if win else "none fits",
             f"{(win.step_time_s or 0) * 1e3:.1f} ms" if win else "–",
             f"{(win.mfu or 0):.1%}" if win else "–",
         ])  # fmt: skip
+        refined = result.refinement
+        if refined is not None and refined.evaluation is not None:
+            e = refined.evaluation
+            section.notes.append(
+                f"{model}: the per-op ILP refined {refined.base.candidate.label()} "
+                f"({(refined.base.step_time_s or 0) * 1e3:.1f} ms) to "
+                f"{(e.step_time_s or 0) * 1e3:.1f} ms ({'fits' if e.fits else 'does not fit'}); "
+                f"{len(refined.differs)} layer values placed otherwise than the templates."
+            )
     won, best, searched, walked_n, walked_s = _agreement()
     section.notes.append(
         f"Exhaustive agreement (llama3-8b shape at 8 layers, hidden 256, 8 GPUs with 60 MiB "

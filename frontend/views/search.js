@@ -121,7 +121,8 @@ function whyBox(result) {
 async function buildPlan(search, candidate) {
   const strategy = await api("/api/strategies", { method: "POST", body: {
     name: `search ${search.id}: ${candidate.label}`.slice(0, 200),
-    mesh: candidate.mesh, templates: candidate.templates, options: candidate.options } });
+    mesh: candidate.mesh, templates: candidate.templates, annotations: candidate.annotations || [],
+    options: candidate.options } });
   const plan = await api("/api/plans", { method: "POST", body: {
     model_id: search.model_id, strategy_id: strategy.id, cluster: search.cluster } });
   return plan.id;
@@ -162,7 +163,9 @@ async function showResult(out, search) {
       + `${result.pruned.length} meshes pruned.`),
     plot, whyBox(result), table(search, build),
     h("details", {}, h("summary", {}, `Pruned meshes (${result.pruned.length})`),
-      h("ul", {}, result.pruned.map((p) => h("li", {}, `${p.candidate}: ${p.reason}`)))));
+      h("ul", {}, result.pruned.map((p) => h("li", {}, `${p.candidate}: ${p.reason}`)))),
+    h("details", {}, h("summary", {}, `Skipped by their bounds (${(result.skipped || []).length})`),
+      h("ul", {}, (result.skipped || []).map((p) => h("li", {}, `${p.candidate}: ${p.reason}`)))));
   const Plotly = await plotly();
   await Plotly.react(plot, figure(result), {
     height: 460, margin: { l: 70, r: 20, t: 20, b: 50 },

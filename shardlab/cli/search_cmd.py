@@ -34,6 +34,12 @@ def search_cmd(
     ] = False,
     top: Annotated[int, typer.Option(help="Candidates to list.")] = 5,
     workers: Annotated[int | None, typer.Option(help="Worker processes (default: cores).")] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="Plan on this Ray cluster (default: $SHARDLAB_RAY_ADDRESS).", metavar="ADDRESS"
+        ),
+    ] = None,
     json_: JsonFlag = False,
 ) -> None:
     """Search meshes, templates, recomputation and schedules; rank what fits."""
@@ -41,7 +47,7 @@ def search_cmd(
         result = search(
             model, cluster, overrides=parse_overrides(set_ or []), gpus=gpus,
             global_batch=global_batch, headroom=memory_headroom, max_tp=max_tp, min_dp=min_dp,
-            cross_node_tp=cross_node_tp, workers=workers,
+            cross_node_tp=cross_node_tp, workers=workers, ray_address=ray,
         )  # fmt: skip
     except ShardlabError as exc:
         fail(exc)
@@ -52,7 +58,8 @@ def search_cmd(
     typer.echo(
         f"{model} on {result.gpus} GPUs of {result.cluster}, global batch "
         f"{result.global_batch}: {len(result.ranked)} candidates planned in "
-        f"{result.seconds:.1f} s, {len(fits)} fit, {len(result.pruned)} meshes pruned"
+        f"{result.seconds:.1f} s, {len(fits)} fit, {len(result.pruned)} meshes pruned, "
+        f"{len(result.skipped)} candidates skipped by their bounds"
     )
     for i, e in enumerate(result.ranked[:top], start=1):
         state = "" if e.fits else f"  ({e.reason})"
@@ -66,6 +73,10 @@ def search_cmd(
         typer.echo(line)
     for p in result.pruned:
         typer.echo(f"pruned {p.what}: {p.reason}")
+    for p in result.skipped[:top]:
+        typer.echo(f"skipped {p.what}: {p.reason}")
+    if len(result.skipped) > top:
+        typer.echo(f"... and {len(result.skipped) - top} more skipped (--json lists them)")
     if not fits:
         raise typer.Exit(1)
 

@@ -14,7 +14,7 @@ from typing import Any
 from shardlab.cost.clusters import Cluster
 from shardlab.cost.model import PlanCost
 from shardlab.errors import ShardlabError
-from shardlab.ir import Graph
+from shardlab.ir import Graph, OpRole
 from shardlab.plan import build_plan
 from shardlab.search.space import Candidate
 
@@ -29,7 +29,8 @@ class Evaluation:
     capacity_bytes: int = 0
     usable_bytes: int = 0  # capacity less the headroom asked for
     mfu: float | None = None
-    #: step-time terms and totals for "why this one": compute, comm, exposed comm, bubble
+    #: step-time terms for "why this one": compute (of which the optimizer's), comm, exposed
+    #: comm; a pipeline's bubble fraction
     terms: dict[str, float] = field(default_factory=dict)
     comm_bytes_per_rank: float = 0.0
     error: str | None = None
@@ -79,6 +80,11 @@ def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: flo
     if isinstance(cost, PlanCost):
         figures = cost.summary()
         out.terms = {k: figures[k] for k in ("compute_s", "comm_s", "exposed_comm_s")}
+        out.terms["optimizer_s"] = sum(
+            cost.op_times.get(op.name, 0.0)
+            for op in plan.program.ops
+            if op.role == OpRole.OPTIMIZER
+        )
     else:
         out.terms = {"bubble_fraction": cost.bubble_fraction}
     out.step_time_s = cost.step_time

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.search.evaluate import Evaluation
+from shardlab.search.refine import Refinement
 from shardlab.search.space import Pruned
 
 SEARCH_FORMAT = "shardlab.search/1"
@@ -26,9 +27,13 @@ class SearchResult:
     gpus: int
     global_batch: int
     ranked: list[Evaluation]
-    pruned: list[Pruned]
+    pruned: list[Pruned]  # meshes that cannot run
+    #: candidates not planned: their bounds say they cannot fit or cannot win (`bound`)
+    skipped: list[Pruned] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: the per-op refinement of the best tensor-parallel plan, when one was made
+    refinement: Refinement | None = None
 
     @property
     def feasible(self) -> list[Evaluation]:
@@ -53,7 +58,7 @@ class SearchResult:
         """The winner against the runner-up: step-time terms, memory, communication."""
         feasible = self.feasible
         if not feasible:
-            return ["no candidate fits: " + _closest(self.ranked)]
+            return ["no candidate fits: " + _closest(self.ranked, self.skipped)]
         win = feasible[0]
         lines = [f"winner: {win.candidate.label()}: step {_ms(win.step_time_s)}, peak "
                  f"{_gib(win.peak_memory_bytes)} GiB, MFU {(win.mfu or 0):.1%}"]  # fmt: skip
@@ -71,6 +76,27 @@ class SearchResult:
             lines.append(f"  {term}: {shown(a)} against {shown(b)}")
         lines.append(f"  communication per rank: {win.comm_bytes_per_rank / 1e9:.2f} GB against "
                      f"{run.comm_bytes_per_rank / 1e9:.2f} GB")  # fmt: skip
+        return lines + self._refinement_lines()
+
+    def _refinement_lines(self) -> list[str]:
+        """What the per-op program found against the templates it started from."""
+        r = self.refinement
+        if r is None:
+            return []
+        if r.evaluation is None or r.evaluation.step_time_s is None:
+            return [f"per-op refinement of {r.base.candidate.label()}: {r.error or 'none'}"]
+        e, b = r.evaluation, r.base
+        change = (e.step_time_s or 0.0) / (b.step_time_s or 1.0) - 1
+        verdict = (
+            "beats every template combination"
+            if e is self.winner
+            else (f"{'fits' if e.fits else 'does not fit'}, {change:+.1%} against its templates")
+        )
+        lines = [f"per-op refinement of {b.candidate.label()}: step {_ms(e.step_time_s)}, "
+                 f"{verdict}"]  # fmt: skip
+        if not r.differs:
+            lines.append("  it places every value of the layer as the templates do")
+        lines += [f"  {v}: {t} in the templates, {i} in the program" for v, t, i in r.differs]
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -84,8 +110,10 @@ class SearchResult:
             "candidates": [e.to_json() for e in self.ranked],
             "pareto": [self.ranked.index(e) for e in self.pareto()],
             "pruned": [p.to_json() for p in self.pruned],
+            "skipped": [p.to_json() for p in self.skipped],
             "why": self.why(),
             "notes": list(self.notes),
+            "refinement": self.refinement.to_json() if self.refinement else None,
         }
 
 
@@ -100,8 +128,12 @@ def rank(evaluations: list[Evaluation]) -> list[Evaluation]:
     return sorted(evaluations, key=key)
 
 
-def _closest(ranked: list[Evaluation]) -> str:
+def _closest(ranked: list[Evaluation], skipped: list[Pruned]) -> str:
     planned = [e for e in ranked if e.error is None]
+    sized = [p for p in skipped if p.least_bytes is not None]
+    if not planned and sized:
+        least = min(sized, key=lambda p: p.least_bytes or 0.0)
+        return f"the leanest, {least.what}, {least.reason}"
     if not planned:
         return "none could be planned"
     best = min(planned, key=lambda e: e.peak_memory_bytes or 0)

@@ -1,13 +1,21 @@
 """`search`: the best strategies for a model on a cluster (see `shardlab.search`).
 
 1. The space: every mesh that can run (`space.meshes`), each pruned one with its reason.
-2. Round 1 plans the fastest recipes of every mesh and schedule (`space.base_candidates`).
-3. Each later round gives every candidate that does not fit its next leaner recipe
-   (`space.leaner`: ZeRO-1, ZeRO-2, FSDP, then selective and full recomputation), until one
-   fits on that mesh or none is left.
-4. The evaluations are ranked and their Pareto front drawn (`results`).
+2. Every mesh without a pipeline is planned with each data-parallel recipe, with and without
+   sequence parallelism (`space.base_candidates`), except where the parameters with their
+   gradients and optimizer state cannot fit alone (`bound.state_bound`).
+3. The pipelined candidates (every schedule and micro-batch count) and the recomputations
+   of what did not fit (`space.leaner`: selective, then full) follow (`walk`): each group's
+   leanest first, then by a lower bound on their step (`bound`: the flat plan's compute and
+   the schedule's bubble; the step without recomputation). A candidate is skipped, with its
+   reason, where a leaner one did not fit or where its bound cannot beat the best so far.
+4. The fastest fitting tensor-parallel plan without a pipeline is refined op by op: an
+   integer program over its layer's placements (`refine`, `layer_ilp`), planned and costed
+   like the others.
+5. The evaluations are ranked and their Pareto front drawn (`results`).
 
-Candidates are planned in parallel worker processes (`workers`, default one per core).
+Candidates are planned in parallel worker processes (`workers`, default one per core), or
+on a Ray cluster (`ray_address`, `ray_pool`).
 """
 
 from __future__ import annotations
@@ -20,18 +28,21 @@ from typing import Any
 
 from shardlab.cost.clusters import Cluster, load_cluster
 from shardlab.errors import ShardlabError
-from shardlab.ir import Graph
+from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
+from shardlab.search.bound import state_bound, too_big_reason
 from shardlab.search.evaluate import Evaluation, evaluate
+from shardlab.search.refine import refine
 from shardlab.search.results import SearchResult, rank
 from shardlab.search.space import (
     Candidate,
     Limits,
     ModelShape,
+    Pruned,
     base_candidates,
-    leaner,
     meshes,
     schedules,
 )
+from shardlab.search.walk import walk
 
 Progress = Callable[[float, str], None]
 
@@ -55,9 +66,14 @@ def search(
     cross_node_tp: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
+    refine_ops: bool = True,
+    ray_address: str | None = None,
 ) -> SearchResult:
     """Search the strategies of preset `model` (with `overrides`) on `cluster`'s devices
-    (or the first `gpus` of them) for a global batch of `global_batch` sequences."""
+    (or the first `gpus` of them) for a global batch of `global_batch` sequences.
+    `refine_ops`: refine the best tensor-parallel plan op by op (`refine`). `ray_address`
+    (or the environment's `SHARDLAB_RAY_ADDRESS`): plan the candidates on that Ray cluster
+    instead of local worker processes."""
     from shardlab.models import build_model
 
     report = progress or (lambda fraction, message: None)
@@ -88,35 +104,46 @@ def search(
     round_one = [
         c for m in space.meshes for plan in schedules(m, shape) for c in base_candidates(m, plan)
     ]
-    evaluations: list[Evaluation] = []
-    with _Pool(graph, cluster, headroom, workers) as pool:
-        pending = round_one
-        steps = 1 + max(len(leaner(c)) for c in round_one)
-        for r in range(steps):
-            if not pending:
-                break
-            report(0.05 + 0.9 * r / steps, f"round {r + 1}: planning {len(pending)} candidates")
-            done = pool.map(pending)
-            evaluations += done
-            pending = [
-                c
-                for e in done
-                if e.error is None and not e.fits and (c := _next_leaner(e)) is not None
-            ]
+    usable = cluster.hbm_bytes * (1.0 - headroom)
+    params, wide = graph.num_params(), _wide(graph)
+    skipped: list[Pruned] = []
+    for c in list(round_one):  # what cannot hold its parameter state is not planned
+        least = state_bound(c, params, wide)
+        if least > usable:
+            round_one.remove(c)
+            skipped.append(Pruned(c.label(), too_big_reason(least, usable), least))
+    ray_address = ray_address or os.environ.get("SHARDLAB_RAY_ADDRESS") or None
+    with _Pool(graph, cluster, headroom, workers, ray_address) as pool:
+        walked = walk(round_one, pool.map, 2 * pool.workers, report)
+    evaluations, skipped = walked.evaluations, skipped + walked.skipped
+    refinement = None
+    if refine_ops:
+        base = _refinable(evaluations)
+        if base is not None:
+            report(0.96, f"per-op refinement of {base.candidate.label()}")
+            refinement = refine(base, graph, cluster, headroom)
+            if refinement.evaluation is not None:
+                evaluations.append(refinement.evaluation)
     report(1.0, "ranked")
-    result = SearchResult(model, cluster.name, n, shape.batch, rank(evaluations), space.pruned)
+    result = SearchResult(
+        model, cluster.name, n, shape.batch, rank(evaluations), space.pruned, skipped
+    )
+    result.refinement = refinement
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _next_leaner(e: Evaluation) -> Candidate | None:
-    """The next leaner recipe than `e`'s, where `e` ran short of memory (a tensor-parallel
-    candidate without sequence parallelism has none: its twin with it is leaner already)."""
-    c = e.candidate
-    if c.mesh.tp > 1 and not c.sequence_parallel:
-        return None
-    options = leaner(c)
-    return options[0] if options else None
+def _wide(graph: Graph) -> bool:
+    """Whether the model's parameters are wider than 16 bits (float32)."""
+    params = graph.values_of_kind(ValueKind.PARAM)
+    return bool(params) and DTYPE_BYTES[params[0].type.dtype] > 2
+
+
+def _refinable(evaluations: list[Evaluation]) -> Evaluation | None:
+    """The fastest fitting template plan with tensor parallelism and no pipeline."""
+    fitting = [e for e in evaluations if e.fits and e.candidate.mesh.tp > 1
+               and e.candidate.mesh.pp == 1 and e.step_time_s is not None]  # fmt: skip
+    return min(fitting, key=lambda e: e.step_time_s or 0.0, default=None)
 
 
 def _shape(graph: Graph) -> ModelShape:
@@ -141,15 +168,37 @@ def _evaluate(candidate: Candidate) -> Evaluation:
 
 
 class _Pool:
-    """Evaluates candidates in worker processes (in this process with one worker)."""
+    """Evaluates candidates in worker processes (in this process with one worker), or on a
+    Ray cluster when given its address (`ray_pool`)."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, headroom: float, workers: int | None):
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        headroom: float,
+        workers: int | None,
+        ray_address: str | None = None,
+    ):
         self.args = (graph, cluster, headroom)
         self.workers = workers or os.cpu_count() or 1
+        self.ray_address = ray_address
         self.executor: ProcessPoolExecutor | None = None
+        self.ray: Any = None
 
     def __enter__(self) -> _Pool:
-        if self.workers > 1:
+        if self.ray_address:
+            try:
+                from shardlab.search.ray_pool import RayPool
+            except ImportError:
+                raise SearchError("--ray needs the ray package: pip install 'shardlab[ray]'",
+                                  ray=self.ray_address) from None  # fmt: skip
+            try:
+                self.ray = RayPool(*self.args, self.ray_address)
+            except ConnectionError as exc:
+                raise SearchError(f"cannot join the Ray cluster at {self.ray_address!r}: "
+                                  f"{exc}", ray=self.ray_address) from None  # fmt: skip
+            self.workers = self.ray.workers
+        elif self.workers > 1:
             self.executor = ProcessPoolExecutor(self.workers, initializer=_init,
                                                 initargs=self.args)  # fmt: skip
         else:
@@ -159,8 +208,13 @@ class _Pool:
     def __exit__(self, *exc: object) -> None:
         if self.executor is not None:
             self.executor.shutdown(cancel_futures=True)
+        if self.ray is not None:
+            self.ray.close()
 
     def map(self, candidates: list[Candidate]) -> list[Evaluation]:
+        if self.ray is not None:
+            done: list[Evaluation] = self.ray.map(candidates)
+            return done
         if self.executor is None:
             return [_evaluate(c) for c in candidates]
         return list(self.executor.map(_evaluate, candidates, chunksize=1))

@@ -6,8 +6,9 @@ innermost, so a tp group sits inside a node), a data-parallel recipe (`dp`, `zer
 policy and, with pipeline stages, a schedule, a micro-batch count and virtual stages.
 
 `meshes` lists every factorization of the device count and prunes those that cannot run,
-each with one line saying why ("tp=16 crosses nodes (8 GPUs per node)"); `variants` lists
-the recipes worth trying on one mesh. Memory is judged later, by the cost model.
+each with one line saying why ("tp=16 crosses nodes (8 GPUs per node)"); `base_candidates`
+lists the recipes first tried on one mesh and `leaner` what to try when one does not fit.
+Memory is judged later, by the cost model.
 """
 
 from __future__ import annotations
@@ -73,9 +74,16 @@ class Candidate:
     schedule: str | None = None
     microbatches: int | None = None
     virtual_stages: int | None = None
+    #: per-op placements found by the layer's integer program (`refine`), applied on top of
+    #: the templates; empty for a template combination
+    annotations: tuple[str, ...] = ()
 
     def templates(self) -> list[str]:
-        out = [self.dp_recipe] if self.dp_recipe else []
+        """The batch is sharded by `dp`; a ZeRO or FSDP recipe composes with it (alone,
+        `zero1` shards the optimizer state of replicas that all run the whole batch)."""
+        out = []
+        if self.dp_recipe:
+            out = ["dp"] if self.dp_recipe == "dp" else ["dp", self.dp_recipe]
         if self.mesh.tp > 1:
             out.append("megatron_tp")
             if self.sequence_parallel:
@@ -88,6 +96,7 @@ class Candidate:
             pipeline: dict[str, Any] = {
                 "schedule": self.schedule,
                 "microbatches": self.microbatches,
+                "balance": "time",  # stages balanced by predicted time (pipeline_stages)
             }
             if self.virtual_stages:
                 pipeline["virtual_stages"] = self.virtual_stages
@@ -95,7 +104,9 @@ class Candidate:
         return out
 
     def strategy(self) -> Strategy:
-        return Strategy.build(self.mesh.text(), self.templates(), options=self.options())
+        return Strategy.build(
+            self.mesh.text(), self.templates(), self.annotations, options=self.options()
+        )
 
     def label(self) -> str:
         """`pp=2,dp=4,tp=8 zero1+megatron_tp+sequence_parallel, 1f1b x16, recompute selective`."""
@@ -106,6 +117,8 @@ class Candidate:
                 text += f" v={self.virtual_stages}"
         if self.recompute != "none":
             text += f", recompute {self.recompute}"
+        if self.annotations:
+            text += " + per-op ILP"
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -117,6 +130,7 @@ class Candidate:
             "schedule": self.schedule,
             "microbatches": self.microbatches,
             "virtual_stages": self.virtual_stages,
+            "annotations": list(self.annotations),
             "options": self.options(),
         }
 
@@ -127,6 +141,8 @@ class Pruned:
 
     what: str
     reason: str
+    #: the memory per rank it needs at least, where memory ruled it out before planning
+    least_bytes: float | None = None
 
     def to_json(self) -> dict[str, str]:
         return {"candidate": self.what, "reason": self.reason}
@@ -196,28 +212,22 @@ def _microbatch_counts(mesh: Mesh3, shape: ModelShape) -> list[int]:
 def base_candidates(
     mesh: Mesh3, plan: tuple[str | None, int | None, int | None]
 ) -> list[Candidate]:
-    """The fastest recipes on a mesh: plain data parallelism, no recomputation; with tensor
-    parallelism both with and without sequence parallelism (it divides activation memory by
-    tp for the same bytes, but its extra collectives can cost more than they save at small
-    shapes). The one with sequence parallelism comes first: it is the leaner."""
+    """The recipes planned first on a mesh, all without recomputation: every data-parallel
+    recipe (no one of them always wins: FSDP's sharded optimizer step and overlapped gathers
+    can beat plain data parallelism even when both fit), and with tensor parallelism both
+    with and without sequence parallelism (it divides activation memory by tp for the same
+    bytes, but its extra collectives can cost more than they save at small shapes)."""
     schedule, m, v = plan
-    dp = "dp" if mesh.dp > 1 else None
-    out = [Candidate(mesh, dp, mesh.tp > 1, "none", schedule, m, v)]
-    if mesh.tp > 1:
-        out.append(Candidate(mesh, dp, False, "none", schedule, m, v))
-    return out
+    recipes: tuple[str | None, ...] = DP_RECIPES if mesh.dp > 1 else (None,)
+    sps = (True, False) if mesh.tp > 1 else (False,)
+    return [Candidate(mesh, dp, sp, "none", schedule, m, v) for sp in sps for dp in recipes]
 
 
 def leaner(candidate: Candidate) -> list[Candidate]:
-    """The next steps down in memory from `candidate`: a leaner data-parallel recipe, then
-    more recomputation (each costs some time; the search tries them when memory asks)."""
-    out = []
-    if candidate.dp_recipe is not None:
-        i = DP_RECIPES.index(candidate.dp_recipe)
-        out += [replace(candidate, dp_recipe=r) for r in DP_RECIPES[i + 1 :]]
+    """The next steps down in memory from `candidate`: more recomputation (it costs time;
+    the search tries it when memory asks)."""
     j = RECOMPUTE.index(candidate.recompute)
-    out += [replace(candidate, recompute=r) for r in RECOMPUTE[j + 1 :]]
-    return out
+    return [replace(candidate, recompute=r) for r in RECOMPUTE[j + 1 :]]
 
 
 def _divisors(n: int) -> list[int]:

@@ -57,7 +57,7 @@ def test_a_search_runs_as_a_job_and_ranks_its_candidates(
     # the winner becomes a stored strategy and plan through the usual endpoints
     strategy = client.post("/api/strategies", json={
         "name": "found", "mesh": best["mesh"], "templates": best["templates"],
-        "options": best["options"]}).json()  # fmt: skip
+        "annotations": best["annotations"], "options": best["options"]}).json()  # fmt: skip
     plan = client.post("/api/plans", json={"model_id": done["model_id"],
                                            "strategy_id": strategy["id"],
                                            "cluster": "h100-sxm-1x4"})  # fmt: skip

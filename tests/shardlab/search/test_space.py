@@ -48,11 +48,18 @@ def test_schedules_and_the_base_recipe():
     plans = schedules(mesh, shape)
     assert ("1f1b", 2, None) in plans and ("interleaved", 2, 2) in plans
     assert all(m is not None and 8 % m == 0 for _, m, _ in plans)  # per replica batch 8
-    base, without_sp = base_candidates(mesh, ("1f1b", 4, None))
+    first = base_candidates(mesh, ("1f1b", 4, None))
+    assert [(c.dp_recipe, c.sequence_parallel) for c in first] == [
+        ("dp", True), ("zero1", True), ("zero2", True), ("fsdp", True),
+        ("dp", False), ("zero1", False), ("zero2", False), ("fsdp", False),
+    ]  # fmt: skip
+    base, without_sp = first[0], first[4]
+    assert first[3].templates() == ["dp", "fsdp", "megatron_tp", "sequence_parallel"]
     assert base.templates() == ["dp", "megatron_tp", "sequence_parallel"]
     assert without_sp.templates() == ["dp", "megatron_tp"]
     assert base.options() == {"recompute": "none",
-                              "pipeline": {"schedule": "1f1b", "microbatches": 4}}  # fmt: skip
+                              "pipeline": {"schedule": "1f1b", "microbatches": 4,
+                                           "balance": "time"}}  # fmt: skip
     assert base.label() == "pp=2,dp=2,tp=2 dp+megatron_tp+sequence_parallel, 1f1b x4"
     assert schedules(Mesh3(1, 4, 2), shape) == [(None, None, None)]
 
@@ -60,6 +67,5 @@ def test_schedules_and_the_base_recipe():
 def test_leaner_recipes_trade_time_for_memory_in_order():
     base = Candidate(Mesh3(1, 8, 1), "dp", False, "none")
     steps = [(c.dp_recipe, c.recompute) for c in leaner(base)]
-    assert steps == [("zero1", "none"), ("zero2", "none"), ("fsdp", "none"),
-                     ("dp", "selective"), ("dp", "full")]  # fmt: skip
+    assert steps == [("dp", "selective"), ("dp", "full")]
     assert leaner(Candidate(Mesh3(1, 1, 8), None, True, "full")) == []

@@ -1,0 +1,146 @@
+"""A lower bound on a pipelined candidate's step time, so the search can skip the candidates
+that cannot beat the best plan it already has (branch and bound).
+
+The bound comes from a flat candidate (no pipeline) with the same tensor parallelism, which
+the search plans first. On `pp x dp x tp` with `m` micro-batches and `v` chunks per stage:
+
+- Work. Each rank of the flat mesh `1 x (pp*dp) x tp` runs every layer's forward and
+  backward on `batch / (pp*dp)` sequences. A pipeline's stages together run the same ops on
+  `m` micro-batches of `batch / (dp*m)` sequences each, with `m >= pp`: the same FLOPs in
+  smaller kernels. The roofline's efficiency does not grow as a kernel shrinks, and weights
+  are read once per micro-batch, so the average stage computes at least as long as a flat
+  rank: `C = compute - optimizer` of the flat plan (the optimizer step is left out: a stage
+  updates fewer parameters than a flat replica).
+- Bubble. However the stages differ, 1F1B takes at least `(m + pp - 1)` units of the average
+  stage, and interleaving `v` chunks `(m + (pp - 1) / v)`: the step is at least
+  `C * (1 + (pp - 1) / (v * m))`.
+- Recomputation only adds work: a leaner recipe's step is at least that of the same plan
+  without it, which the search has planned first.
+
+Memory is ordered, and bounded. A candidate is *leaner* than another with the same mesh,
+schedule and data-parallel recipe when it has sequence parallelism where the other has, it
+recomputes more, and it cuts the batch into as many micro-batches or more (1F1B keeps the
+same number of smaller ones in flight): `leaner_or_equal`. (The recipes are not ordered:
+at small shapes ZeRO-1's gathered parameters or FSDP's gathered layer can outweigh what
+they shard; the tests found both.) What a leaner candidate cannot fit by more than
+`MEMORY_SLACK`, a heavier one cannot fit either (at tiny shapes a leaner plan can hold a
+percent more: recomputed buffers, collectives' staging), so the search skips it and goes on
+to its recomputation.
+
+Memory has a bound too (`state_bound`): every rank holds its share of the parameters and
+their optimizer state for the whole step, at least `P / (pp * tp)` elements
+(more where a parameter is not split), at the bytes per element its data-parallel recipe
+leaves it (`state_bytes`). A candidate whose share alone exceeds the memory is not planned,
+and neither is any leaner recomputation of it (recomputation frees activations only).
+
+Every term the bound leaves out (communication, the embedding and head's imbalance, the
+optimizer) makes the true step longer. The search still keeps `SLACK` in hand, for a
+calibrated compute table whose measured curves need not be monotone. The bound is tested
+against every pipelined candidate of two small spaces (`tests/shardlab/search/test_bound.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shardlab.search.evaluate import Evaluation
+from shardlab.search.space import RECOMPUTE, Candidate
+
+#: A candidate is skipped when its bound exceeds the best step by more than this fraction.
+SLACK = 0.02
+#: A leaner candidate over the memory by more than this fraction rules out heavier ones.
+MEMORY_SLACK = 0.05
+
+
+def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, float]:
+    """Per tensor-parallel degree: the least forward-and-backward compute per rank (seconds)
+    among the flat candidates planned so far."""
+    out: dict[int, float] = {}
+    for e in evaluations:
+        c = e.candidate
+        if c.mesh.pp != 1 or e.error is not None or "compute_s" not in e.terms:
+            continue
+        work = e.terms["compute_s"] - e.terms.get("optimizer_s", 0.0)
+        out[c.mesh.tp] = min(work, out.get(c.mesh.tp, work))
+    return out
+
+
+def bubble_factor(candidate: Candidate) -> float:
+    """`1 + (pp - 1) / (v * m)`: how much longer than its work a pipeline's step must be."""
+    c = candidate
+    if c.mesh.pp == 1:
+        return 1.0
+    return 1.0 + (c.mesh.pp - 1) / ((c.virtual_stages or 1) * (c.microbatches or 1))
+
+
+def step_bound(candidate: Candidate, work: dict[int, float]) -> float | None:
+    """The least step time `candidate` can have, or None without a flat reference."""
+    if candidate.mesh.pp == 1 or candidate.mesh.tp not in work:
+        return None
+    return work[candidate.mesh.tp] * bubble_factor(candidate)
+
+
+def cannot_win(bound: float | None, best: float | None) -> bool:
+    """Whether a candidate of this bound can be skipped, the best step so far being `best`."""
+    return bound is not None and best is not None and bound > best * (1.0 + SLACK)
+
+
+def state_bytes(recipe: str | None, dp: int, wide: bool = False) -> float:
+    """Bytes per parameter element a rank holds for the whole step under a data-parallel
+    recipe: a 16-bit parameter 2 and its float32 master weights and Adam moments 12
+    (float32 parameters: 4 and moments 8), as ZeRO-1 and ZeRO-2 (the optimizer state) or
+    FSDP (and the parameters) shard them over dp. Gradients are left out: they need not all
+    be alive at once where the optimizer steps each as soon as it is reduced."""
+    param, state = (4.0, 8.0) if wide else (2.0, 12.0)
+    if recipe in ("zero1", "zero2"):
+        return param + state / dp
+    if recipe in ("fsdp", "zero3"):
+        return (param + state) / dp
+    return param + state
+
+
+def state_bound(candidate: Candidate, params: int, wide: bool = False) -> float:
+    """The least bytes per rank `candidate` holds for parameters, gradients and optimizer
+    state (module docstring)."""
+    c = candidate
+    return params / (c.mesh.pp * c.mesh.tp) * state_bytes(c.dp_recipe, c.mesh.dp, wide)
+
+
+def leanness(c: Candidate) -> tuple[int, int, int]:
+    """Each way a candidate can save memory, larger for leaner (module docstring)."""
+    return (int(c.sequence_parallel), RECOMPUTE.index(c.recompute), c.microbatches or 0)
+
+
+def leaner_or_equal(a: Candidate, b: Candidate) -> bool:
+    """Whether `a` needs no more memory than `b` (within `MEMORY_SLACK`): the same mesh,
+    schedule and data-parallel recipe, and `a` at least as lean in every other way."""
+    if (a.mesh, a.schedule, a.virtual_stages, a.dp_recipe, a.annotations) != (
+        b.mesh, b.schedule, b.virtual_stages, b.dp_recipe, b.annotations
+    ):  # fmt: skip
+        return False
+    return all(x >= y for x, y in zip(leanness(a), leanness(b), strict=True))
+
+
+def clearly_short(e: Evaluation) -> bool:
+    """Whether a planned candidate is over the usable memory by more than `MEMORY_SLACK`."""
+    return e.error is None and (e.peak_memory_bytes or 0) > e.usable_bytes * (1 + MEMORY_SLACK)
+
+
+def heavier_reason(lean: Evaluation) -> str:
+    """One line for a candidate skipped because a leaner one did not fit."""
+    gib = float(1 << 30)
+    return (f"needs more memory than {lean.candidate.label()}, which needs "
+            f"{(lean.peak_memory_bytes or 0) / gib:.1f} GiB of {lean.usable_bytes / gib:.1f} "
+            "GiB usable")  # fmt: skip
+
+
+def too_big_reason(bound: float, usable: float) -> str:
+    """One line for a candidate whose parameter state alone cannot fit."""
+    gib = float(1 << 30)
+    return (f"needs at least {bound / gib:.3g} GiB of {usable / gib:.3g} GiB usable for "
+            "parameters and optimizer state alone")  # fmt: skip
+
+
+def pipeline_basis(candidate: Candidate) -> str:
+    """What a pipelined candidate's bound stands on, for the pruned list."""
+    return f"its compute with the pipeline's {bubble_factor(candidate) - 1:.0%} bubble takes"

@@ -1,0 +1,68 @@
+"""The branch-and-bound's lower bounds hold: no pipelined candidate of a whole small space
+steps faster than the bound computed from the flat candidates, and none holds less memory
+than its parameter state, and no candidate needs less memory than a heavier one."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlab.cost.clusters import load_cluster
+from shardlab.models import build_model
+from shardlab.search.bound import (
+    MEMORY_SLACK,
+    bubble_factor,
+    cannot_win,
+    flat_work,
+    leaner_or_equal,
+    state_bound,
+    step_bound,
+)
+from shardlab.search.evaluate import evaluate
+from shardlab.search.space import Limits, ModelShape, every_candidate
+
+SHAPES = {
+    "tiny, launch-bound": {"layers": 4, "hidden": 128, "heads": 8, "kv_heads": 2, "ffn": 256,
+                           "vocab": 256, "seq": 64},
+    "small, compute-bound": {"layers": 8, "hidden": 1024, "heads": 8, "kv_heads": 4,
+                             "ffn": 3584, "vocab": 8192, "seq": 1024},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_no_pipelined_candidate_beats_its_bound(name):
+    config = SHAPES[name]
+    cluster = load_cluster("h100-sxm-1x8")
+    model = build_model("llama3-8b", {**config, "batch": 16})
+    shape = ModelShape(config["layers"], config["heads"], config["kv_heads"], 16)
+    every = [evaluate(c, model, cluster, 0.1) for c in every_candidate(shape, Limits(8, 8))]
+    work = flat_work(every)
+    assert set(work) == {1, 2, 4, 8}
+    params = model.num_params()
+    for e in every:  # no candidate holds less than its parameter state
+        if e.error is None:
+            assert e.peak_memory_bytes >= state_bound(e.candidate, params), e.candidate.label()
+    planned = [e for e in every if e.error is None]
+    for lean in planned:  # what a leaner candidate cannot fit, a heavier one cannot either
+        for heavy in planned:
+            if leaner_or_equal(lean.candidate, heavy.candidate):
+                assert lean.peak_memory_bytes <= heavy.peak_memory_bytes * (1 + MEMORY_SLACK), (
+                    lean.candidate.label(), heavy.candidate.label())  # fmt: skip
+    piped = [e for e in every if e.candidate.mesh.pp > 1 and e.error is None]
+    assert len(piped) > 20
+    for e in piped:
+        bound = step_bound(e.candidate, work)
+        assert bound is not None
+        assert e.step_time_s >= bound, e.candidate.label()
+    # the bound is not vacuous: it skips some candidates against the best flat plan
+    best = min(e.step_time_s for e in every if e.candidate.mesh.pp == 1 and e.fits)
+    assert any(cannot_win(step_bound(e.candidate, work), best) for e in piped)
+
+
+def test_the_bubble_factor_of_each_schedule():
+    from shardlab.search.space import Candidate, Mesh3
+
+    one_f = Candidate(Mesh3(4, 2, 1), "dp", False, "none", "1f1b", 8, None)
+    inter = Candidate(Mesh3(4, 2, 1), "dp", False, "none", "interleaved", 8, 2)
+    assert bubble_factor(one_f) == pytest.approx(1 + 3 / 8)
+    assert bubble_factor(inter) == pytest.approx(1 + 3 / 16)
+    assert step_bound(Candidate(Mesh3(1, 8, 1), "dp", False, "none"), {1: 1.0}) is None

@@ -1,0 +1,34 @@
+"""The search on a Ray cluster (`--ray`): a local `ray.init(num_cpus=2)` stands for one, and
+the search finds what the local worker processes find."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from shardlab.cost.clusters import load_cluster
+from shardlab.search.run import search
+
+ray = pytest.importorskip("ray")
+
+TINY = {"layers": 4, "hidden": 128, "heads": 8, "kv_heads": 2, "ffn": 256, "vocab": 256,
+        "seq": 64}  # fmt: skip
+
+
+@pytest.fixture
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_a_search_on_ray_finds_what_local_workers_find(local_ray):
+    cluster = dataclasses.replace(load_cluster("h100-sxm-1x8"), hbm_bytes=int(0.012 * (1 << 30)))
+    options = {"overrides": TINY, "global_batch": 8, "gpus": 4}
+    on_ray = search("llama3-8b", cluster, ray_address="auto", **options)
+    local = search("llama3-8b", cluster, workers=1, **options)
+    assert [e.candidate for e in on_ray.ranked] == [e.candidate for e in local.ranked]
+    assert on_ray.winner is not None and local.winner is not None
+    assert on_ray.winner.step_time_s == pytest.approx(local.winner.step_time_s)
+    assert len(ray.nodes()) == 1 and ray.cluster_resources()["CPU"] == 2
