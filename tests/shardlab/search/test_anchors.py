@@ -22,3 +22,15 @@ def test_sharded_data_parallelism_beats_tensor_parallelism_on_one_node():
     # a candidate that does not fit is never ranked above one that does
     fits = [e.fits for e in result.ranked]
     assert fits == sorted(fits, reverse=True)
+
+
+def test_tensor_parallelism_stays_inside_a_node_even_when_allowed_to_cross():
+    """llama3-70b's layers (8 of its 80, to keep the test short) on 64 H100 in 8 nodes, with
+    tensor parallelism allowed across nodes: the winner keeps tp inside a node, and the best
+    plan with tp=16 (over InfiniBand) is slower than the best with tp=8 (over NVLink)."""
+    result = search("llama3-70b", "h100-sxm-8x8", overrides={"layers": 8}, global_batch=64,
+                    cross_node_tp=True)  # fmt: skip
+    assert result.winner is not None and result.winner.candidate.mesh.tp <= 8
+    best = {tp: min(e.step_time_s for e in result.feasible if e.candidate.mesh.tp == tp)
+            for tp in (8, 16)}  # fmt: skip
+    assert best[16] > 1.2 * best[8]
