@@ -4,8 +4,9 @@
 2. Every mesh without a pipeline is planned with each data-parallel recipe, with and without
    sequence parallelism (`space.base_candidates`), except where the parameters with their
    gradients and optimizer state cannot fit alone (`bound.state_bound`).
-3. The pipelined candidates (every schedule and micro-batch count) and the recomputations
-   of what did not fit (`space.leaner`: selective, then full) follow (`walk`): each group's
+3. The pipelined candidates (every schedule and micro-batch count) and the leaner recipes
+   of what did not fit (`space.leaner`: selective, then full recomputation; gradient
+   accumulation over 2, 4, 8 micro-batches) follow (`walk`): each group's
    leanest first, then by a lower bound on their step (`bound`: the flat plan's compute and
    the schedule's bubble; the step without recomputation). A candidate is skipped, with its
    reason, where a leaner one did not fit or where its bound cannot beat the best so far.
@@ -114,7 +115,7 @@ def search(
             skipped.append(Pruned(c.label(), too_big_reason(least, usable), least))
     ray_address = ray_address or os.environ.get("SHARDLAB_RAY_ADDRESS") or None
     with _Pool(graph, cluster, headroom, workers, ray_address) as pool:
-        walked = walk(round_one, pool.map, 2 * pool.workers, report)
+        walked = walk(round_one, shape, pool.map, 2 * pool.workers, report)
     evaluations, skipped = walked.evaluations, skipped + walked.skipped
     refinement = None
     if refine_ops:

@@ -90,9 +90,19 @@ class Candidate:
                 out.append("sequence_parallel")
         return out
 
+    @property
+    def accumulates(self) -> bool:
+        """Gradient accumulation: no pipeline stages, the batch cut into micro-batches run
+        one after another (a pipeline of one stage, `pp=1`), one optimizer step."""
+        return self.mesh.pp == 1 and bool(self.microbatches)
+
+    def mesh_text(self) -> str:
+        """The mesh as the strategy takes it (`pp=1,...` where gradients accumulate)."""
+        return f"pp=1,{self.mesh.text()}" if self.accumulates else self.mesh.text()
+
     def options(self) -> dict[str, Any]:
         out: dict[str, Any] = {"recompute": self.recompute}
-        if self.mesh.pp > 1:
+        if self.mesh.pp > 1 or self.accumulates:
             pipeline: dict[str, Any] = {
                 "schedule": self.schedule,
                 "microbatches": self.microbatches,
@@ -105,7 +115,7 @@ class Candidate:
 
     def strategy(self) -> Strategy:
         return Strategy.build(
-            self.mesh.text(), self.templates(), self.annotations, options=self.options()
+            self.mesh_text(), self.templates(), self.annotations, options=self.options()
         )
 
     def label(self) -> str:
@@ -115,6 +125,8 @@ class Candidate:
             text += f", {self.schedule} x{self.microbatches}"
             if self.virtual_stages and self.virtual_stages > 1:
                 text += f" v={self.virtual_stages}"
+        if self.accumulates:
+            text += f", {self.microbatches} micro-batches accumulated"
         if self.recompute != "none":
             text += f", recompute {self.recompute}"
         if self.annotations:
@@ -124,7 +136,7 @@ class Candidate:
     def to_json(self) -> dict[str, Any]:
         """The plan inputs: enough to build this candidate as a stored plan."""
         return {
-            "mesh": self.mesh.text(),
+            "mesh": self.mesh_text(),
             "templates": self.templates(),
             "recompute": self.recompute,
             "schedule": self.schedule,
@@ -223,11 +235,18 @@ def base_candidates(
     return [Candidate(mesh, dp, sp, "none", schedule, m, v) for sp in sps for dp in recipes]
 
 
-def leaner(candidate: Candidate) -> list[Candidate]:
-    """The next steps down in memory from `candidate`: more recomputation (it costs time;
-    the search tries it when memory asks)."""
+def leaner(candidate: Candidate, shape: ModelShape | None = None) -> list[Candidate]:
+    """The next steps down in memory from `candidate`: more recomputation, and without
+    pipeline stages twice the micro-batches of gradient accumulation (given the model's
+    `shape`, where the batch per replica divides). Each costs some time; the search tries
+    them when memory asks."""
     j = RECOMPUTE.index(candidate.recompute)
-    return [replace(candidate, recompute=r) for r in RECOMPUTE[j + 1 :]]
+    out = [replace(candidate, recompute=r) for r in RECOMPUTE[j + 1 :]][:1]
+    if shape is not None and candidate.mesh.pp == 1:
+        m = 2 * (candidate.microbatches or 1)
+        if m <= max(MICROBATCH_FACTORS) and (shape.batch // candidate.mesh.dp) % m == 0:
+            out.append(replace(candidate, schedule="1f1b", microbatches=m))
+    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -236,13 +255,18 @@ def _divisors(n: int) -> list[int]:
 
 def every_candidate(shape: ModelShape, limits: Limits) -> list[Candidate]:
     """The whole space: every recipe on every mesh and schedule (data-parallel recipe x
-    sequence parallelism x recomputation), for checking the search against an exhaustive
-    walk on spaces small enough to walk."""
+    sequence parallelism x recomputation; without pipeline stages, gradient accumulation over
+    2, 4 and 8 micro-batches too), for checking the search against an exhaustive walk on
+    spaces small enough to walk."""
     out = []
     for mesh in meshes(shape, limits).meshes:
         recipes: tuple[str | None, ...] = DP_RECIPES if mesh.dp > 1 else (None,)
         sps = (True, False) if mesh.tp > 1 else (False,)
-        for plan in schedules(mesh, shape):
+        plans = schedules(mesh, shape)
+        if mesh.pp == 1:
+            per_replica = shape.batch // mesh.dp
+            plans += [("1f1b", m, None) for m in MICROBATCH_FACTORS[1:] if per_replica % m == 0]
+        for plan in plans:
             for dp, sp, rc in itertools.product(recipes, sps, RECOMPUTE):
                 out.append(Candidate(mesh, dp, sp, rc, *plan))
     return out

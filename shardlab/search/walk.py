@@ -12,8 +12,10 @@ line saying why,
   `bound.clearly_short`): its own next recomputation is queued instead;
 - when its step bound cannot beat the best plan so far (`bound.cannot_win`).
 
-A planned candidate that does not fit queues its next recomputation (`space.leaner`); a
-tensor-parallel one without sequence parallelism does not (its twin with it is leaner).
+A planned candidate that does not fit queues its next recomputation and, without pipeline
+stages, twice its micro-batches of gradient accumulation (`space.leaner`), each bounded by
+its step (both only add work); a tensor-parallel one without sequence parallelism queues
+nothing (its twin with it is leaner).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from shardlab.search.bound import (
     step_bound,
 )
 from shardlab.search.evaluate import Evaluation
-from shardlab.search.space import RECOMPUTE, Candidate, Pruned, leaner
+from shardlab.search.space import RECOMPUTE, Candidate, ModelShape, Pruned, leaner
 
 Planner = Callable[[list[Candidate]], list[Evaluation]]
 Progress = Callable[[float, str], None]
@@ -56,8 +58,10 @@ class Walk:
     skipped: list[Pruned]
 
 
-def walk(candidates: list[Candidate], plan: Planner, width: int, report: Progress) -> Walk:
-    """Plan `candidates` (and the recomputations memory asks for) in waves of `width`."""
+def walk(
+    candidates: list[Candidate], shape: ModelShape, plan: Planner, width: int, report: Progress
+) -> Walk:
+    """Plan `candidates` (and the leaner recipes memory asks for) in waves of `width`."""
     out = Walk([], [])
     queue = [_Waiting(c) for c in candidates]
     short: list[Evaluation] = []  # planned, and clearly over the memory
@@ -71,7 +75,7 @@ def walk(candidates: list[Candidate], plan: Planner, width: int, report: Progres
             lean = next((e for e in short if leaner_or_equal(e.candidate, q.candidate)), None)
             if lean is not None:
                 out.skipped.append(Pruned(q.candidate.label(), heavier_reason(lean)))
-                queue += [_Waiting(c) for c in _next_leaner(q.candidate)]
+                queue += [_Waiting(c) for c in _next_leaner(q.candidate, shape)]
                 continue
             bound, basis = _bound(q, work)
             if cannot_win(bound, best):
@@ -94,7 +98,8 @@ def walk(candidates: list[Candidate], plan: Planner, width: int, report: Progres
                 short.append(e)
             if e.error is None and not e.fits:
                 label = e.candidate.label()
-                queue += [_Waiting(c, e.step_time_s, label) for c in _next_leaner(e.candidate)]
+                leaner_ones = _next_leaner(e.candidate, shape)
+                queue += [_Waiting(c, e.step_time_s, label) for c in leaner_ones]
     return out
 
 
@@ -133,8 +138,9 @@ def _best_step(evaluations: list[Evaluation]) -> float | None:
     return min(steps) if steps else None
 
 
-def _next_leaner(c: Candidate) -> list[Candidate]:
-    """The next recomputation of `c`, which did not fit (module docstring)."""
+def _next_leaner(c: Candidate, shape: ModelShape) -> list[Candidate]:
+    """The next recomputation of `c`, which did not fit, and without a pipeline twice its
+    micro-batches (module docstring)."""
     if c.mesh.tp > 1 and not c.sequence_parallel:
         return []
-    return leaner(c)[:1]
+    return leaner(c, shape)

@@ -23,7 +23,7 @@ from shardlab.search.space import Limits, ModelShape, every_candidate
 SHAPES = {
     "tiny, launch-bound": {"layers": 4, "hidden": 128, "heads": 8, "kv_heads": 2, "ffn": 256,
                            "vocab": 256, "seq": 64},
-    "small, compute-bound": {"layers": 8, "hidden": 1024, "heads": 8, "kv_heads": 4,
+    "small, compute-bound": {"layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 4,
                              "ffn": 3584, "vocab": 8192, "seq": 1024},
 }  # fmt: skip
 

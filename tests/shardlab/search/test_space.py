@@ -66,6 +66,15 @@ def test_schedules_and_the_base_recipe():
 
 def test_leaner_recipes_trade_time_for_memory_in_order():
     base = Candidate(Mesh3(1, 8, 1), "dp", False, "none")
-    steps = [(c.dp_recipe, c.recompute) for c in leaner(base)]
-    assert steps == [("dp", "selective"), ("dp", "full")]
+    steps = [(c.recompute, c.microbatches) for c in leaner(base)]
+    assert steps == [("selective", None)]
+    shape = ModelShape(layers=8, heads=8, kv_heads=8, batch=32)  # 4 sequences per replica
+    steps = [(c.recompute, c.microbatches) for c in leaner(base, shape)]
+    assert steps == [("selective", None), ("none", 2)]
+    accumulating = leaner(base, shape)[1]
+    assert accumulating.strategy().mesh.axis_names == ("pp", "dp")
+    assert accumulating.label() == "dp=8 dp, 2 micro-batches accumulated"
+    assert accumulating.to_json()["mesh"] == "pp=1,dp=8"
+    assert [c.microbatches for c in leaner(accumulating, shape)] == [2, 4]
+    assert [c.microbatches for c in leaner(leaner(accumulating, shape)[1], shape)] == [4]
     assert leaner(Candidate(Mesh3(1, 1, 8), None, True, "full")) == []
