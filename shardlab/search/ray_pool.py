@@ -45,8 +45,12 @@ class RayPool:
         self.actors: list[Any] = [remote.remote(*ray.get(shared)) for _ in range(self.workers)]
         self.pool = ActorPool(self.actors)
 
-    def map(self, candidates: list[Candidate]) -> list[Evaluation]:
-        return list(self.pool.map(lambda actor, c: actor.evaluate.remote(c), candidates))
+    def submit(self, candidate: Candidate) -> None:
+        self.pool.submit(lambda actor, c: actor.evaluate.remote(c), candidate)
+
+    def next_done(self) -> Evaluation:
+        done: Evaluation = self.pool.get_next_unordered()
+        return done
 
     def close(self) -> None:
         for actor in self.actors:

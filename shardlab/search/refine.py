@@ -67,7 +67,8 @@ def refine(base: Evaluation, model: Graph, cluster: Cluster, headroom: float) ->
     c = base.candidate
     config = dict(model.meta.get("config") or {})
     settings = {k: config[k] for k in OVERRIDABLE if k in config}
-    settings.update(layers=1, batch=max(1, int(config.get("batch", 1)) // c.mesh.dp))
+    micro = c.mesh.dp * (c.microbatches or 1)  # what one replica runs at once
+    settings.update(layers=1, batch=max(1, int(config.get("batch", 1)) // micro))
     layer = build_model(str(model.meta["preset"]), settings)
     usable = cluster.hbm_bytes * (1.0 - headroom)
     layers = int(config.get("layers", 1))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 from shardlab.cost.clusters import Cluster, load_cluster
@@ -115,7 +115,7 @@ def search(
             skipped.append(Pruned(c.label(), too_big_reason(least, usable), least))
     ray_address = ray_address or os.environ.get("SHARDLAB_RAY_ADDRESS") or None
     with _Pool(graph, cluster, headroom, workers, ray_address) as pool:
-        walked = walk(round_one, shape, pool.map, 2 * pool.workers, report)
+        walked = walk(round_one, shape, pool, pool.workers, report)
     evaluations, skipped = walked.evaluations, skipped + walked.skipped
     refinement = None
     if refine_ops:
@@ -185,6 +185,8 @@ class _Pool:
         self.ray_address = ray_address
         self.executor: ProcessPoolExecutor | None = None
         self.ray: Any = None
+        self.futures: set[Future[Evaluation]] = set()
+        self.ready: list[Evaluation] = []
 
     def __enter__(self) -> _Pool:
         if self.ray_address:
@@ -212,10 +214,23 @@ class _Pool:
         if self.ray is not None:
             self.ray.close()
 
-    def map(self, candidates: list[Candidate]) -> list[Evaluation]:
+    def submit(self, candidate: Candidate) -> None:
+        """Start planning `candidate` (in this process at once with one worker)."""
         if self.ray is not None:
-            done: list[Evaluation] = self.ray.map(candidates)
+            self.ray.submit(candidate)
+        elif self.executor is not None:
+            self.futures.add(self.executor.submit(_evaluate, candidate))
+        else:
+            self.ready.append(_evaluate(candidate))
+
+    def next_done(self) -> Evaluation:
+        """The next evaluation to finish."""
+        if self.ray is not None:
+            done: Evaluation = self.ray.next_done()
             return done
-        if self.executor is None:
-            return [_evaluate(c) for c in candidates]
-        return list(self.executor.map(_evaluate, candidates, chunksize=1))
+        if self.executor is not None:
+            finished, _ = wait(self.futures, return_when=FIRST_COMPLETED)
+            future = finished.pop()
+            self.futures.remove(future)
+            return future.result()
+        return self.ready.pop(0)

@@ -1,27 +1,29 @@
 """The order in which a search plans its candidates, and what it skips (branch and bound).
 
-Candidates wait in a queue, planned a wave at a time (two per worker). Before each wave the
-queue is sorted: the meshes without a pipeline first, down to the recomputation each needs
-(the pipelines' step bounds stand on them, and the best of them is the first bar the
-pipelines must clear); then less recomputation first (it only adds time); then each group's
-leanest candidate (same mesh, schedule, recipe and recomputation: the probe that says
-whether any of them can fit); then the least step bound. A candidate is skipped, with one
-line saying why,
+Candidates wait in a queue; as each planned one comes back, the next is chosen, so every
+worker stays busy and each choice knows every result so far. The queue is sorted: the meshes
+without a pipeline first, down to the recomputation each needs (the pipelines' step bounds
+stand on them, and the best of them is the first bar the pipelines must clear); then less
+recomputation first (it only adds time); then each group's leanest candidate (same mesh,
+schedule, recipe and recomputation: the probe that says whether any of them can fit); then
+the least step bound. A candidate is skipped, with one line saying why,
 
 - when a leaner candidate was clearly over the memory (`bound.leaner_or_equal`,
   `bound.clearly_short`): its own next recomputation is queued instead;
 - when its step bound cannot beat the best plan so far (`bound.cannot_win`).
 
-A planned candidate that does not fit queues its next recomputation and, without pipeline
-stages, twice its micro-batches of gradient accumulation (`space.leaner`), each bounded by
-its step (both only add work); a tensor-parallel one without sequence parallelism queues
-nothing (its twin with it is leaner).
+A candidate waits while a leaner one of its group is being planned, and a pipeline while a
+mesh without one is. A planned candidate that does not fit queues its next recomputation
+and, without pipeline stages, twice its micro-batches of gradient accumulation
+(`space.leaner`), each bounded by its step (both only add work); a tensor-parallel one
+without sequence parallelism queues nothing (its twin with it is leaner).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from shardlab.search.bound import (
     cannot_win,
@@ -36,8 +38,15 @@ from shardlab.search.bound import (
 from shardlab.search.evaluate import Evaluation
 from shardlab.search.space import RECOMPUTE, Candidate, ModelShape, Pruned, leaner
 
-Planner = Callable[[list[Candidate]], list[Evaluation]]
 Progress = Callable[[float, str], None]
+
+
+class Planner(Protocol):
+    """Plans candidates in the background: `submit` one, `next_done` waits for any."""
+
+    def submit(self, candidate: Candidate) -> None: ...
+
+    def next_done(self) -> Evaluation: ...
 
 
 @dataclass(frozen=True)
@@ -59,48 +68,63 @@ class Walk:
 
 
 def walk(
-    candidates: list[Candidate], shape: ModelShape, plan: Planner, width: int, report: Progress
+    candidates: list[Candidate], shape: ModelShape, pool: Planner, width: int, report: Progress
 ) -> Walk:
-    """Plan `candidates` (and the leaner recipes memory asks for) in waves of `width`."""
+    """Plan `candidates` (and the leaner recipes memory asks for), `width` at a time."""
     out = Walk([], [])
     queue = [_Waiting(c) for c in candidates]
     short: list[Evaluation] = []  # planned, and clearly over the memory
-    while queue:
+    running: list[Candidate] = []
+    while queue or running:
         work = flat_work(out.evaluations)
         queue.sort(key=_order(queue, work))
         best = _best_step(out.evaluations)
-        wave: list[Candidate] = []
-        while queue and len(wave) < width:
-            q = queue.pop(0)
-            lean = next((e for e in short if leaner_or_equal(e.candidate, q.candidate)), None)
+        i = 0
+        while i < len(queue) and len(running) < width:
+            c = queue[i].candidate
+            if _must_wait(c, queue, running):
+                i += 1
+                continue
+            q = queue.pop(i)
+            lean = next((e for e in short if leaner_or_equal(e.candidate, c)), None)
             if lean is not None:
-                out.skipped.append(Pruned(q.candidate.label(), heavier_reason(lean)))
-                queue += [_Waiting(c) for c in _next_leaner(q.candidate, shape)]
+                out.skipped.append(Pruned(c.label(), heavier_reason(lean)))
+                queue += [_Waiting(x) for x in _next_leaner(c, shape)]
                 continue
             bound, basis = _bound(q, work)
             if cannot_win(bound, best):
                 assert bound is not None and best is not None
                 least = f"{basis} at least {bound * 1e3:.1f} ms"
-                out.skipped.append(Pruned(q.candidate.label(),
-                                          f"cannot beat {best * 1e3:.1f} ms: {least}"))  # fmt: skip
+                out.skipped.append(Pruned(c.label(), f"cannot beat {best * 1e3:.1f} ms: {least}"))
                 continue
-            wave.append(q.candidate)
-        if not wave:
+            pool.submit(c)
+            running.append(c)
+        if not running:
             continue
         planned = len(out.evaluations)
-        report(0.05 + 0.9 * planned / (planned + len(wave) + len(queue)),
+        report(0.05 + 0.9 * planned / (planned + len(running) + len(queue)),
                f"planned {planned} candidates, skipped {len(out.skipped)}, "
-               f"{len(queue) + len(wave)} waiting")  # fmt: skip
-        done = plan(wave)
-        out.evaluations += done
-        for e in done:
-            if clearly_short(e):
-                short.append(e)
-            if e.error is None and not e.fits:
-                label = e.candidate.label()
-                leaner_ones = _next_leaner(e.candidate, shape)
-                queue += [_Waiting(c, e.step_time_s, label) for c in leaner_ones]
+               f"{len(queue) + len(running)} waiting")  # fmt: skip
+        e = pool.next_done()
+        running.remove(e.candidate)
+        out.evaluations.append(e)
+        if clearly_short(e):
+            short.append(e)
+        if e.error is None and not e.fits:
+            label = e.candidate.label()
+            queue += [_Waiting(c, e.step_time_s, label) for c in _next_leaner(e.candidate, shape)]
     return out
+
+
+def _must_wait(c: Candidate, queue: list[_Waiting], running: list[Candidate]) -> bool:
+    """Whether `c` waits for what is being planned: a pipeline for the meshes without one
+    (its bound stands on them), any candidate for a leaner one in its group (which may rule
+    it out)."""
+    if c.mesh.pp > 1 and any(x.mesh.pp == 1 for x in running):
+        return True
+    if c.mesh.pp > 1 and any(q.candidate.mesh.pp == 1 for q in queue):
+        return True
+    return any(leaner_or_equal(x, c) for x in running)
 
 
 def _order(
