@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
 from shardlab.search.evaluate import Evaluation
 from shardlab.search.space import RECOMPUTE, Candidate
 
@@ -97,6 +98,12 @@ def state_bytes(recipe: str | None, dp: int, wide: bool = False) -> float:
     if recipe in ("fsdp", "zero3"):
         return (param + state) / dp
     return param + state
+
+
+def wide_params(graph: Graph) -> bool:
+    """Whether the model's parameters are wider than 16 bits (float32)."""
+    params = graph.values_of_kind(ValueKind.PARAM)
+    return bool(params) and DTYPE_BYTES[params[0].type.dtype] > 2
 
 
 def state_bound(candidate: Candidate, params: int, wide: bool = False) -> float:

@@ -39,7 +39,7 @@ import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -100,7 +100,6 @@ class LayerSolution:
     nodes: int
     variables: int
     status: str = ""
-    differs: list[tuple[str, str, str]] = field(default_factory=list)
 
     def annotations(self, graph: Graph) -> list[str]:
         """Annotations that put the solution on every repeat of the layer: each of its values
@@ -126,7 +125,6 @@ class LayerSolution:
             "nodes": self.nodes,
             "variables": self.variables,
             "status": self.status,
-            "differs": [{"value": v, "template": t, "ilp": i} for v, t, i in self.differs],
         }
 
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardlab.cost.clusters import Cluster
-from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
+from shardlab.ir import Graph, ValueKind
 from shardlab.mesh import Mesh
 from shardlab.models.config import OVERRIDABLE
 from shardlab.placement import Placement, Replicate
-from shardlab.search.bound import state_bytes
+from shardlab.search.bound import state_bytes, wide_params
 from shardlab.search.evaluate import Evaluation, evaluate
 from shardlab.search.layer_ilp import LayerILPError, LayerSolution, solve_layer
 from shardlab.search.space import Candidate
@@ -102,8 +102,7 @@ def refine(base: Evaluation, model: Graph, cluster: Cluster, headroom: float) ->
 def _state_bytes(c: Candidate, layer: Graph) -> float:
     """Bytes per parameter element under the candidate's recipe, its gradient included (the
     program counts what a layer keeps at its backward)."""
-    params = layer.values_of_kind(ValueKind.PARAM)
-    wide = bool(params) and DTYPE_BYTES[params[0].type.dtype] > 2
+    wide = wide_params(layer)
     grad = 4.0 / (c.mesh.dp if c.dp_recipe in ("zero2", "fsdp", "zero3") else 1)
     return state_bytes(c.dp_recipe, c.mesh.dp, wide) + grad
 

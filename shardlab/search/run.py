@@ -29,8 +29,8 @@ from typing import Any
 
 from shardlab.cost.clusters import Cluster, load_cluster
 from shardlab.errors import ShardlabError
-from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
-from shardlab.search.bound import state_bound, too_big_reason
+from shardlab.ir import Graph
+from shardlab.search.bound import state_bound, too_big_reason, wide_params
 from shardlab.search.evaluate import Evaluation, evaluate
 from shardlab.search.refine import refine
 from shardlab.search.results import SearchResult, rank
@@ -106,7 +106,7 @@ def search(
         c for m in space.meshes for plan in schedules(m, shape) for c in base_candidates(m, plan)
     ]
     usable = cluster.hbm_bytes * (1.0 - headroom)
-    params, wide = graph.num_params(), _wide(graph)
+    params, wide = graph.num_params(), wide_params(graph)
     skipped: list[Pruned] = []
     for c in list(round_one):  # what cannot hold its parameter state is not planned
         least = state_bound(c, params, wide)
@@ -132,12 +132,6 @@ def search(
     result.refinement = refinement
     result.seconds = time.perf_counter() - started
     return result
-
-
-def _wide(graph: Graph) -> bool:
-    """Whether the model's parameters are wider than 16 bits (float32)."""
-    params = graph.values_of_kind(ValueKind.PARAM)
-    return bool(params) and DTYPE_BYTES[params[0].type.dtype] > 2
 
 
 def _refinable(evaluations: list[Evaluation]) -> Evaluation | None:
