@@ -28,13 +28,15 @@ SMALL = {"layers": 8, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn": 768, "voc
          "seq": 256}  # fmt: skip
 
 
-def _agreement() -> tuple[float, float, int, int, float]:
+def _agreement(layers: int) -> tuple[float, float, int, int, float]:
     """(search winner's step, exhaustive best step, candidates searched, exhaustive count,
-    seconds of the exhaustive walk) on a small llama on 8 GPUs with tight memory."""
+    seconds of the exhaustive walk) on a small llama of `layers` layers on 8 GPUs with
+    tight memory."""
     cluster = dataclasses.replace(load_cluster("h100-sxm-1x8"), hbm_bytes=int(0.06 * (1 << 30)))
-    found = search("llama3-8b", cluster, overrides=SMALL, global_batch=16)
-    model = build_model("llama3-8b", {**SMALL, "batch": 16})
-    shape = ModelShape(SMALL["layers"], SMALL["heads"], SMALL["kv_heads"], 16)
+    config = {**SMALL, "layers": layers}
+    found = search("llama3-8b", cluster, overrides=config, global_batch=16)
+    model = build_model("llama3-8b", {**config, "batch": 16})
+    shape = ModelShape(layers, SMALL["heads"], SMALL["kv_heads"], 16)
     started = time.perf_counter()
     every = [evaluate(c, model, cluster, 0.1) for c in every_candidate(shape, Limits(8, 8))]
     walked = time.perf_counter() - started
@@ -46,7 +48,7 @@ def _agreement() -> tuple[float, float, int, int, float]:
 def run() -> Section:
     section = Section(
         "Strategy search (whole search on this machine's cores; predicted figures)",
-        ["search", "time", "goal", "met", "candidates planned (fit)", "skipped by bounds",
+        ["search", "time", "goal", "met", "candidates planned (fit)", "skipped (bounds, screening)",
          "winner", "winner's step", "MFU"],
     )  # fmt: skip
     for model, cluster, batch, goal in FULL:
@@ -70,11 +72,16 @@ def run() -> Section:
                 f"{(e.step_time_s or 0) * 1e3:.1f} ms ({'fits' if e.fits else 'does not fit'}); "
                 f"{len(refined.differs)} layer values placed otherwise than the templates."
             )
-    won, best, searched, walked_n, walked_s = _agreement()
-    section.notes.append(
-        f"Exhaustive agreement (llama3-8b shape at 8 layers, hidden 256, 8 GPUs with 60 MiB "
-        f"each, global batch 16): the search planned {searched} candidates, the exhaustive walk "
-        f"{walked_n} ({walked_s:.1f} s); winner {won * 1e3:.4f} ms against the exhaustive best "
-        f"{best * 1e3:.4f} ms: {won / best - 1:+.2%} (goal within 1%)."
-    )
+        screening = result.screening_line()
+        if screening:
+            section.notes.append(f"{model}: {screening}.")
+    for layers in (8, 20):  # 20: deep enough that the search screens (`search.screen`)
+        won, best, searched, walked_n, walked_s = _agreement(layers)
+        section.notes.append(
+            f"Exhaustive agreement (llama3-8b shape at {layers} layers, hidden 256, 8 GPUs with "
+            f"60 MiB each, global batch 16): the search planned {searched} candidates in full, "
+            f"the exhaustive walk {walked_n} ({walked_s:.1f} s); winner {won * 1e3:.4f} ms "
+            f"against the exhaustive best {best * 1e3:.4f} ms: {won / best - 1:+.2%} (goal "
+            "within 1%)."
+        )
     return section

@@ -112,6 +112,17 @@ function figure(result) {
   return traces;
 }
 
+/** One line on screening (`search/screen.py`): how many, and how far off where checked. */
+function screeningLine(result) {
+  const s = result.screening;
+  if (!s || !s.screened) return "";
+  const pct = (x) => `${x >= 0 ? "+" : ""}${(100 * x).toFixed(2)}%`;
+  const range = ([lo, hi]) => `${pct(lo)} to ${pct(hi)}`;
+  return `${s.screened} candidates were screened on shallow copies of the model; the `
+    + `${s.checked} then planned in full were ${range(s.step_error)} off in step time and `
+    + `${range(s.memory_error)} in peak memory.`;
+}
+
 function whyBox(result) {
   return h("section", { "aria-label": "why this one" }, h("h2", {}, "Why this one"),
     h("pre", { id: "search-why" }, result.why.join("\n")));
@@ -161,10 +172,12 @@ async function showResult(out, search) {
     h("p", { id: "search-summary" }, `${result.candidates.length} candidates planned in `
       + `${result.seconds.toFixed(1)} s on ${result.gpus} GPUs of ${result.cluster}: ${fits} fit; `
       + `${result.pruned.length} meshes pruned.`),
+    h("p", { id: "search-screening" }, screeningLine(result)),
     plot, whyBox(result), table(search, build),
     h("details", {}, h("summary", {}, `Pruned meshes (${result.pruned.length})`),
       h("ul", {}, result.pruned.map((p) => h("li", {}, `${p.candidate}: ${p.reason}`)))),
-    h("details", {}, h("summary", {}, `Skipped by their bounds (${(result.skipped || []).length})`),
+    h("details", {}, h("summary", {},
+      `Skipped by their bounds or screening (${(result.skipped || []).length})`),
       h("ul", {}, (result.skipped || []).map((p) => h("li", {}, `${p.candidate}: ${p.reason}`)))));
   const Plotly = await plotly();
   await Plotly.react(plot, figure(result), {

@@ -71,6 +71,9 @@ def search_cmd(
             typer.echo(f"     {_figures(e)}  {e.candidate.label()}")
     for line in result.why():
         typer.echo(line)
+    screening = result.screening_line()
+    if screening:
+        typer.echo(screening)
     for p in result.pruned:
         typer.echo(f"pruned {p.what}: {p.reason}")
     for p in result.skipped[:top]:

@@ -8,19 +8,28 @@ the search plans first. On `pp x dp x tp` with `m` micro-batches and `v` chunks 
   backward on `batch / (pp*dp)` sequences. A pipeline's stages together run the same ops on
   `m` micro-batches of `batch / (dp*m)` sequences each, with `m >= pp`: the same FLOPs in
   smaller kernels. The roofline's efficiency does not grow as a kernel shrinks, and weights
-  are read once per micro-batch, so the average stage computes at least as long as a flat
-  rank: `C = compute - optimizer` of the flat plan (the optimizer step is left out: a stage
-  updates fewer parameters than a flat replica).
+  are read once per micro-batch, so the average stage works at least as long as a flat
+  rank: `C = compute - optimizer + exposed tensor-parallel comm` of the flat plan (the
+  optimizer step is left out: a stage updates fewer parameters than a flat replica).
 - Bubble. However the stages differ, 1F1B takes at least `(m + pp - 1)` units of the average
   stage, and interleaving `v` chunks `(m + (pp - 1) / v)`: the step is at least
   `C * (1 + (pp - 1) / (v * m))`.
+- The busiest stage. Layers do not split: some stage holds at least `k = ceil(L / pp)` of
+  the `L` layers and runs each on all `pp` shares of the flat rank's sequences, so the step
+  is at least its work `k * pp * C_layers / L`, `C_layers` the flat rank's work in the
+  repeated layers (on 64 stages of 80 layers, 1.6 times the layers' average).
+- Both count the exposed tensor-parallel collectives with the compute: every micro-batch
+  waits for its own, as a flat rank does.
 - Recomputation only adds work: a leaner recipe's step is at least that of the same plan
   without it, which the search has planned first.
 
-Memory is ordered, and bounded. A candidate is *leaner* than another with the same mesh,
-schedule and data-parallel recipe when it has sequence parallelism where the other has, it
-recomputes more, and it cuts the batch into as many micro-batches or more (1F1B keeps the
-same number of smaller ones in flight): `leaner_or_equal`. (The recipes are not ordered:
+Memory is ordered, and bounded. A candidate is *leaner* than another with the same mesh and
+data-parallel recipe when it has sequence parallelism where the other has, it recomputes
+more, it cuts the batch into as many micro-batches or more (1F1B keeps the same number of
+smaller ones in flight), and it runs one chunk per stage where the other interleaves
+(interleaving keeps more micro-batch chunks in flight during its warm-up; not under FSDP,
+whose parameters gathered for a chunk halve with interleaving): `leaner_or_equal`.
+(The recipes are not ordered:
 at small shapes ZeRO-1's gathered parameters or FSDP's gathered layer can outweigh what
 they shard; the tests found both.) What a leaner candidate cannot fit by more than
 `MEMORY_SLACK`, a heavier one cannot fit either (at tiny shapes a leaner plan can hold a
@@ -41,10 +50,13 @@ against every pipelined candidate of two small spaces (`tests/shardlab/search/te
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
 from shardlab.search.evaluate import Evaluation
+from shardlab.search.screen import least_memory
 from shardlab.search.space import RECOMPUTE, Candidate
 
 #: A candidate is skipped when its bound exceeds the best step by more than this fraction.
@@ -53,32 +65,52 @@ SLACK = 0.02
 MEMORY_SLACK = 0.05
 
 
-def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, float]:
-    """Per tensor-parallel degree: the least forward-and-backward compute per rank (seconds)
-    among the flat candidates planned so far."""
-    out: dict[int, float] = {}
+@dataclass(frozen=True)
+class FlatWork:
+    """The least work per rank of the flat candidates of one tensor-parallel degree: all
+    of it (`step`: compute without the optimizer's, and exposed tensor-parallel comm) and
+    that of the repeated layers (`layers`)."""
+
+    step: float
+    layers: float
+
+
+def flat_work(evaluations: Iterable[Evaluation], scale: float = 1.0) -> dict[int, FlatWork]:
+    """Per tensor-parallel degree, the least work of the flat candidates planned so far
+    (times `scale`)."""
+    out: dict[int, FlatWork] = {}
     for e in evaluations:
         c = e.candidate
         if c.mesh.pp != 1 or e.error is not None or "compute_s" not in e.terms:
             continue
-        work = e.terms["compute_s"] - e.terms.get("optimizer_s", 0.0)
-        out[c.mesh.tp] = min(work, out.get(c.mesh.tp, work))
+        t = e.terms
+        work = FlatWork(
+            (t["compute_s"] - t.get("optimizer_s", 0.0) + t.get("exposed_tp_s", 0.0)) * scale,
+            t.get("layers_s", 0.0) * scale,
+        )
+        least = out.get(c.mesh.tp, work)
+        out[c.mesh.tp] = FlatWork(min(work.step, least.step), min(work.layers, least.layers))
     return out
 
 
 def bubble_factor(candidate: Candidate) -> float:
-    """`1 + (pp - 1) / (v * m)`: how much longer than its work a pipeline's step must be."""
+    """`1 + (pp - 1) / (v * m)`: how much longer than its work a pipeline's step must be
+    where its stages are even."""
     c = candidate
     if c.mesh.pp == 1:
         return 1.0
     return 1.0 + (c.mesh.pp - 1) / ((c.virtual_stages or 1) * (c.microbatches or 1))
 
 
-def step_bound(candidate: Candidate, work: dict[int, float]) -> float | None:
-    """The least step time `candidate` can have, or None without a flat reference."""
-    if candidate.mesh.pp == 1 or candidate.mesh.tp not in work:
+def step_bound(candidate: Candidate, work: dict[int, FlatWork], layers: int) -> float | None:
+    """The least step time `candidate` of a model of `layers` layers can have (module
+    docstring), or None without a flat reference."""
+    c = candidate
+    if c.mesh.pp == 1 or c.mesh.tp not in work:
         return None
-    return work[candidate.mesh.tp] * bubble_factor(candidate)
+    w, pp = work[c.mesh.tp], c.mesh.pp
+    busiest = math.ceil(layers / pp) * pp * w.layers / max(layers, 1)
+    return max(w.step * bubble_factor(c), busiest)
 
 
 def cannot_win(bound: float | None, best: float | None) -> bool:
@@ -113,19 +145,29 @@ def state_bound(candidate: Candidate, params: int, wide: bool = False) -> float:
     return params / (c.mesh.pp * c.mesh.tp) * state_bytes(c.dp_recipe, c.mesh.dp, wide)
 
 
-def leanness(c: Candidate) -> tuple[int, int, int]:
+def leanness(c: Candidate) -> tuple[int, ...]:
     """Each way a candidate can save memory, larger for leaner (module docstring)."""
-    return (int(c.sequence_parallel), RECOMPUTE.index(c.recompute), c.microbatches or 0)
+    one_chunk = int((c.virtual_stages or 1) == 1)
+    return (int(c.sequence_parallel), RECOMPUTE.index(c.recompute), c.microbatches or 0,
+            one_chunk)  # fmt: skip
 
 
 def leaner_or_equal(a: Candidate, b: Candidate) -> bool:
-    """Whether `a` needs no more memory than `b` (within `MEMORY_SLACK`): the same mesh,
-    schedule and data-parallel recipe, and `a` at least as lean in every other way."""
-    if (a.mesh, a.schedule, a.virtual_stages, a.dp_recipe, a.annotations) != (
-        b.mesh, b.schedule, b.virtual_stages, b.dp_recipe, b.annotations
-    ):  # fmt: skip
+    """Whether `a` needs no more memory than `b` (within `MEMORY_SLACK`): the same mesh and
+    data-parallel recipe, both accumulating gradients or neither (accumulation keeps a
+    gradient buffer a step without it does not), and `a` at least as lean in every other
+    way."""
+    if _kin(a) != _kin(b):
         return False
     return all(x >= y for x, y in zip(leanness(a), leanness(b), strict=True))
+
+
+def _kin(c: Candidate) -> tuple[object, ...]:
+    """What two candidates must share for their memory to be ordered by leanness: under
+    FSDP the schedule too (a stage's parameters are gathered chunk by chunk, and an
+    interleaved stage's chunks are half as large: the tests found one plan leaner so)."""
+    chunks = (c.schedule, c.virtual_stages) if c.dp_recipe == "fsdp" else None
+    return (c.mesh, c.dp_recipe, c.annotations, c.schedule is None, chunks)
 
 
 def clearly_short(e: Evaluation) -> bool:
@@ -134,11 +176,17 @@ def clearly_short(e: Evaluation) -> bool:
 
 
 def heavier_reason(lean: Evaluation) -> str:
-    """One line for a candidate skipped because a leaner one did not fit."""
+    """One line for a candidate skipped because a leaner one did not fit (by its full plan,
+    or by its screened figures less their margin, `screen`)."""
     gib = float(1 << 30)
-    return (f"needs more memory than {lean.candidate.label()}, which needs "
-            f"{(lean.peak_memory_bytes or 0) / gib:.1f} GiB of {lean.usable_bytes / gib:.1f} "
-            "GiB usable")  # fmt: skip
+    need, how = float(lean.peak_memory_bytes or 0), ""
+    if lean.screened is not None:
+        need, how = least_memory(lean), " at least"
+    text = (f"needs more memory than {lean.candidate.label()}, which needs{how} "
+            f"{need / gib:.1f} GiB of {lean.usable_bytes / gib:.1f} GiB usable")  # fmt: skip
+    if lean.screened is not None:
+        text += f" (screened at {lean.screened[0]} and {lean.screened[1]} layers)"
+    return text
 
 
 def too_big_reason(bound: float, usable: float) -> str:
@@ -148,6 +196,11 @@ def too_big_reason(bound: float, usable: float) -> str:
             "parameters and optimizer state alone")  # fmt: skip
 
 
-def pipeline_basis(candidate: Candidate) -> str:
-    """What a pipelined candidate's bound stands on, for the pruned list."""
-    return f"its compute with the pipeline's {bubble_factor(candidate) - 1:.0%} bubble takes"
+def pipeline_basis(candidate: Candidate, work: dict[int, FlatWork], layers: int) -> str:
+    """What a pipelined candidate's bound stands on, for the skipped list."""
+    c = candidate
+    w = work[c.mesh.tp]
+    k = math.ceil(layers / c.mesh.pp)
+    if k * c.mesh.pp * w.layers / max(layers, 1) > w.step * bubble_factor(c):
+        return f"its busiest stage's {k} layers take"
+    return f"its compute with the pipeline's {bubble_factor(c) - 1:.0%} bubble takes"

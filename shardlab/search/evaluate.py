@@ -8,11 +8,13 @@ schedule that cannot run) is kept with the planner's message as its reason.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.cost.clusters import Cluster
 from shardlab.cost.model import PlanCost
+from shardlab.cost.timeline import Event
 from shardlab.errors import ShardlabError
 from shardlab.ir import Graph, OpRole
 from shardlab.plan import build_plan
@@ -30,10 +32,14 @@ class Evaluation:
     usable_bytes: int = 0  # capacity less the headroom asked for
     mfu: float | None = None
     #: step-time terms for "why this one": compute (of which the optimizer's), comm, exposed
-    #: comm; a pipeline's bubble fraction
+    #: comm (of which on the tensor-parallel axis, `exposed_tp_s`); the repeated layers' share
+    #: (`layers_s`, `layer_work`);
+    #: a pipeline's bubble fraction
     terms: dict[str, float] = field(default_factory=dict)
     comm_bytes_per_rank: float = 0.0
     error: str | None = None
+    #: the two shallow depths the figures were drawn from (`screen`), None for a full plan
+    screened: tuple[int, int] | None = None
 
     @property
     def fits(self) -> bool:
@@ -66,6 +72,19 @@ class Evaluation:
         }
 
 
+def exposed_tp_comm(events: Iterable[Event]) -> float:
+    """Seconds the tensor-parallel collectives (stream `comm:tp`) run while no compute does:
+    blocking work that every micro-batch of a pipeline stage pays as well."""
+    return sum(e.exposed for e in events if e.stream == "comm:tp")
+
+
+def layer_work(events: Iterable[Event]) -> float:
+    """Seconds of the repeated layers' work (scope `layers`): their compute and their
+    exposed tensor-parallel collectives, which a pipeline stage pays for each layer it has."""
+    inside = [e for e in events if e.scope == "layers" or e.scope.startswith("layers.")]
+    return exposed_tp_comm(inside) + sum(e.duration for e in inside if not e.is_comm)
+
+
 def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: float) -> Evaluation:
     """Plan `candidate` for `model` (the whole global batch) on `cluster` and cost it."""
     usable = int(cluster.hbm_bytes * (1.0 - headroom))
@@ -85,6 +104,9 @@ def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: flo
             for op in plan.program.ops
             if op.role == OpRole.OPTIMIZER
         )
+        events = cost.timeline.events_of(0)
+        out.terms["exposed_tp_s"] = exposed_tp_comm(events)
+        out.terms["layers_s"] = layer_work(events)
     else:
         out.terms = {"bubble_fraction": cost.bubble_fraction}
     out.step_time_s = cost.step_time

@@ -17,6 +17,7 @@ from ray.util import ActorPool
 from shardlab.cost.clusters import Cluster
 from shardlab.ir import Graph
 from shardlab.search.evaluate import Evaluation, evaluate
+from shardlab.search.screen import Screener
 from shardlab.search.space import Candidate
 
 
@@ -26,9 +27,12 @@ class Evaluator:
 
     def __init__(self, graph: Graph, cluster: Cluster, headroom: float) -> None:
         self.args = (graph, cluster, headroom)
+        self.screener = Screener(graph)
 
-    def evaluate(self, candidate: Candidate) -> Evaluation:
+    def evaluate(self, candidate: Candidate, screen: bool) -> Evaluation:
         graph, cluster, headroom = self.args
+        if screen:
+            return self.screener.screen(candidate, cluster, headroom)
         return evaluate(candidate, graph, cluster, headroom)
 
 
@@ -45,8 +49,8 @@ class RayPool:
         self.actors: list[Any] = [remote.remote(*ray.get(shared)) for _ in range(self.workers)]
         self.pool = ActorPool(self.actors)
 
-    def submit(self, candidate: Candidate) -> None:
-        self.pool.submit(lambda actor, c: actor.evaluate.remote(c), candidate)
+    def submit(self, candidate: Candidate, screen: bool = False) -> None:
+        self.pool.submit(lambda actor, job: actor.evaluate.remote(*job), (candidate, screen))
 
     def next_done(self) -> Evaluation:
         done: Evaluation = self.pool.get_next_unordered()

@@ -34,6 +34,9 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     #: the per-op refinement of the best tensor-parallel plan, when one was made
     refinement: Refinement | None = None
+    #: how many candidates were screened on shallow copies of the model, and how far the
+    #: screened figures were from the full plans of those planned after (`screen`)
+    screening: dict[str, Any] | None = None
 
     @property
     def feasible(self) -> list[Evaluation]:
@@ -114,7 +117,18 @@ class SearchResult:
             "why": self.why(),
             "notes": list(self.notes),
             "refinement": self.refinement.to_json() if self.refinement else None,
+            "screening": self.screening,
         }
+
+    def screening_line(self) -> str | None:
+        """One line on screening: how many, and how far off where checked."""
+        s = self.screening
+        if not s or not s["screened"]:
+            return None
+        (s_lo, s_hi), (m_lo, m_hi) = s["step_error"], s["memory_error"]
+        return (f"screened {s['screened']} candidates on shallow copies of the model; the "
+                f"{s['checked']} then planned in full: step {s_lo:+.2%} to {s_hi:+.2%}, peak "
+                f"memory {m_lo:+.2%} to {m_hi:+.2%} off their full plans")  # fmt: skip
 
 
 def rank(evaluations: list[Evaluation]) -> list[Evaluation]:

@@ -5,14 +5,18 @@
    sequence parallelism (`space.base_candidates`), except where the parameters with their
    gradients and optimizer state cannot fit alone (`bound.state_bound`).
 3. The pipelined candidates (every schedule and micro-batch count) and the leaner recipes
-   of what did not fit (`space.leaner`: selective, then full recomputation; gradient
-   accumulation over 2, 4, 8 micro-batches) follow (`walk`): each group's
-   leanest first, then by a lower bound on their step (`bound`: the flat plan's compute and
-   the schedule's bubble; the step without recomputation). A candidate is skipped, with its
-   reason, where a leaner one did not fit or where its bound cannot beat the best so far.
-4. The fastest fitting tensor-parallel plan without a pipeline is refined op by op: an
-   integer program over its layer's placements (`refine`, `layer_ilp`), planned and costed
-   like the others.
+   of what did not fit (`space.leaner`: more recomputation; gradient accumulation over 2,
+   4, 8 micro-batches) follow (`walk`): each group's leanest first, then by a lower bound
+   on their step (`bound`: the flat plans' work, the schedule's bubble and the busiest
+   stage; the step without recomputation). A candidate is skipped, with its reason, where
+   a leaner one did not fit or where its bound cannot beat the best so far. A candidate of
+   a deep model is screened on two shallow copies of the model first (`screen`), and
+   planned in full only where it may fit and win.
+4. The two fastest screened candidates that were skipped only because they could not beat
+   the winner are planned in full (the runner-up the ranking shows is then the true one);
+   meanwhile the fastest fitting tensor-parallel plan without a pipeline is refined op by
+   op: an integer program over its layer's placements (`refine`, `layer_ilp`), planned and
+   costed like the others.
 5. The evaluations are ranked and their Pareto front drawn (`results`).
 
 Candidates are planned in parallel worker processes (`workers`, default one per core), or
@@ -25,6 +29,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 from shardlab.cost.clusters import Cluster, load_cluster
@@ -32,18 +37,20 @@ from shardlab.errors import ShardlabError
 from shardlab.ir import Graph
 from shardlab.search.bound import state_bound, too_big_reason, wide_params
 from shardlab.search.evaluate import Evaluation, evaluate
-from shardlab.search.refine import refine
+from shardlab.search.refine import Refinement, refine
 from shardlab.search.results import SearchResult, rank
+from shardlab.search.screen import Screener, least_memory, screening_report
 from shardlab.search.space import (
     Candidate,
     Limits,
     ModelShape,
     Pruned,
+    Space,
     base_candidates,
     meshes,
     schedules,
 )
-from shardlab.search.walk import walk
+from shardlab.search.walk import Walk, walk
 
 Progress = Callable[[float, str], None]
 
@@ -115,30 +122,108 @@ def search(
             skipped.append(Pruned(c.label(), too_big_reason(least, usable), least))
     ray_address = ray_address or os.environ.get("SHARDLAB_RAY_ADDRESS") or None
     with _Pool(graph, cluster, headroom, workers, ray_address) as pool:
-        walked = walk(round_one, shape, pool, pool.workers, report)
-    evaluations, skipped = walked.evaluations, skipped + walked.skipped
-    refinement = None
-    if refine_ops:
-        base = _refinable(evaluations)
-        if base is not None:
-            report(0.96, f"per-op refinement of {base.candidate.label()}")
-            refinement = refine(base, graph, cluster, headroom)
-            if refinement.evaluation is not None:
-                evaluations.append(refinement.evaluation)
+        walked = walk(round_one, shape, pool, pool.workers, report, _references(round_one, space))
+        evaluations = walked.evaluations
+        runners_up = _runners_up(walked)
+        for c in runners_up:  # planned in the pool while this process refines
+            pool.submit(c)
+        refinement = None
+        if refine_ops:
+            refinement = _refine(walked, graph, cluster, headroom, report)
+        confirmed = [pool.next_done() for _ in runners_up]
+    evaluations += confirmed
+    if refinement is not None:
+        evaluations += refinement.planned
+    labels = {e.candidate.label() for e in confirmed}
+    skipped += [p for p in walked.skipped if p.what not in labels]
     report(1.0, "ranked")
     result = SearchResult(
         model, cluster.name, n, shape.batch, rank(evaluations), space.pruned, skipped
     )
-    result.refinement = refinement
+    result.refinement = refinement.refinement if refinement is not None else None
+    result.screening = screening_report(walked.screened, evaluations)
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _refinable(evaluations: list[Evaluation]) -> Evaluation | None:
-    """The fastest fitting template plan with tensor parallelism and no pipeline."""
-    fitting = [e for e in evaluations if e.fits and e.candidate.mesh.tp > 1
-               and e.candidate.mesh.pp == 1 and e.step_time_s is not None]  # fmt: skip
-    return min(fitting, key=lambda e: e.step_time_s or 0.0, default=None)
+#: How many screened candidates the search plans in full after the walk, so that the
+#: runner-up of "why this one" is a full plan.
+RUNNERS_UP = 2
+
+
+def _runners_up(walked: Walk) -> list[Candidate]:
+    """The fastest screened candidates that may fit and were not planned in full (each
+    skipped because it could not beat the winner), where faster than the second full plan:
+    planned in full so that the ranking's runner-up is the true one."""
+    full = [e for e in walked.evaluations if e.fits and e.step_time_s is not None]
+    second = sorted(e.step_time_s or 0.0 for e in full)[1:2]
+    planned = {e.candidate for e in walked.evaluations}
+    screened = sorted(
+        (e for e in walked.screened if e.candidate not in planned
+         and least_memory(e) <= e.usable_bytes and e.step_time_s is not None),
+        key=lambda e: e.step_time_s or 0.0,
+    )  # fmt: skip
+    return [e.candidate for e in screened[:RUNNERS_UP]
+            if not second or (e.step_time_s or 0.0) < second[0]]  # fmt: skip
+
+
+@dataclass
+class _Refined:
+    """The per-op refinement and every plan it made (its base's, where the base was only
+    screened, and the refined candidate's)."""
+
+    refinement: Refinement | None
+    planned: list[Evaluation]
+
+
+def _refine(
+    walked: Walk, graph: Graph, cluster: Cluster, headroom: float, report: Progress
+) -> _Refined:
+    """Refine the fastest fitting tensor-parallel plan op by op (`refine`), planning it in
+    full first where it was only screened."""
+    planned: list[Evaluation] = []
+    base = None
+    for _ in range(3):
+        base = _refinable(walked.evaluations + planned, walked.screened)
+        if base is None or base.screened is None:
+            break
+        report(0.95, f"planning {base.candidate.label()} in full")
+        planned.append(evaluate(base.candidate, graph, cluster, headroom))
+    if base is None or base.screened is not None:
+        return _Refined(None, planned)
+    report(0.96, f"per-op refinement of {base.candidate.label()}")
+    refinement = refine(base, graph, cluster, headroom)
+    if refinement.evaluation is not None:
+        planned.append(refinement.evaluation)
+    return _Refined(refinement, planned)
+
+
+def _references(candidates: list[Candidate], space: Space) -> list[Candidate]:
+    """For each tensor-parallel degree of a pipelined mesh, one flat candidate planned for
+    the pipelines' bound even where it cannot fit or is not a candidate (its parameter state
+    is too large; the embedding does not split under FSDP): data parallelism, with sequence
+    parallelism, on the flat mesh of that degree."""
+    flat = {m.tp: m for m in sorted(space.meshes, reverse=True) if m.pp == 1}
+    out = []
+    for tp in sorted({c.mesh.tp for c in candidates if c.mesh.pp > 1}):
+        mesh = flat.get(tp)
+        if mesh is not None:
+            reference = Candidate(mesh, "dp" if mesh.dp > 1 else None, tp > 1, "none")
+            if reference not in candidates:
+                out.append(reference)
+    return out
+
+
+def _refinable(planned: list[Evaluation], screened: list[Evaluation]) -> Evaluation | None:
+    """The fastest fitting template plan with tensor parallelism and no pipeline: fitting
+    by its full plan, or by its screened figures where it has none (`screen`)."""
+    full = {e.candidate for e in planned}
+    fitting = [e for e in planned if e.fits] + [
+        e for e in screened if e.candidate not in full and least_memory(e) <= e.usable_bytes
+    ]
+    options = [e for e in fitting if e.candidate.mesh.tp > 1 and e.candidate.mesh.pp == 1
+               and e.step_time_s is not None]  # fmt: skip
+    return min(options, key=lambda e: e.step_time_s or 0.0, default=None)
 
 
 def _shape(graph: Graph) -> ModelShape:
@@ -148,18 +233,22 @@ def _shape(graph: Graph) -> ModelShape:
                           model=graph.name)  # fmt: skip
     heads = int(config.get("heads", 1))
     return ModelShape(int(config["layers"]), heads, int(config.get("kv_heads") or heads),
-                      int(config.get("batch", 1)))  # fmt: skip
+                      int(config.get("batch", 1)), config.get("attention") == "flash")  # fmt: skip
 
 
 _WORKER: dict[str, Any] = {}
 
 
 def _init(graph: Graph, cluster: Cluster, headroom: float) -> None:
-    _WORKER.update(graph=graph, cluster=cluster, headroom=headroom)
+    _WORKER.update(graph=graph, cluster=cluster, headroom=headroom, screener=Screener(graph))
 
 
-def _evaluate(candidate: Candidate) -> Evaluation:
-    return evaluate(candidate, _WORKER["graph"], _WORKER["cluster"], _WORKER["headroom"])
+def _evaluate(candidate: Candidate, screen: bool = False) -> Evaluation:
+    graph, cluster, headroom = _WORKER["graph"], _WORKER["cluster"], _WORKER["headroom"]
+    if screen:
+        screener: Screener = _WORKER["screener"]
+        return screener.screen(candidate, cluster, headroom)
+    return evaluate(candidate, graph, cluster, headroom)
 
 
 class _Pool:
@@ -208,14 +297,15 @@ class _Pool:
         if self.ray is not None:
             self.ray.close()
 
-    def submit(self, candidate: Candidate) -> None:
-        """Start planning `candidate` (in this process at once with one worker)."""
+    def submit(self, candidate: Candidate, screen: bool = False) -> None:
+        """Start planning `candidate`, or screening it (`screen`), in this process at once
+        with one worker."""
         if self.ray is not None:
-            self.ray.submit(candidate)
+            self.ray.submit(candidate, screen)
         elif self.executor is not None:
-            self.futures.add(self.executor.submit(_evaluate, candidate))
+            self.futures.add(self.executor.submit(_evaluate, candidate, screen))
         else:
-            self.ready.append(_evaluate(candidate))
+            self.ready.append(_evaluate(candidate, screen))
 
     def next_done(self) -> Evaluation:
         """The next evaluation to finish."""

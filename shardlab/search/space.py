@@ -35,6 +35,10 @@ class ModelShape:
     heads: int
     kv_heads: int
     batch: int  # the global batch, in sequences
+    #: attention runs as one fused (flash) kernel, which never stores the [b, a, s, s]
+    #: tensors selective recomputation drops: there it saves nothing and costs the kernel
+    #: again, so the search goes from no recomputation straight to full
+    fused_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,12 +240,15 @@ def base_candidates(
 
 
 def leaner(candidate: Candidate, shape: ModelShape | None = None) -> list[Candidate]:
-    """The next steps down in memory from `candidate`: more recomputation, and without
-    pipeline stages twice the micro-batches of gradient accumulation (given the model's
-    `shape`, where the batch per replica divides). Each costs some time; the search tries
-    them when memory asks."""
+    """The next steps down in memory from `candidate`: more recomputation (full straight
+    after none where the model's attention is fused, `ModelShape.fused_attention`), and
+    without pipeline stages twice the micro-batches of gradient accumulation (given the
+    model's `shape`, where the batch per replica divides). Each costs some time; the search
+    tries them when memory asks."""
     j = RECOMPUTE.index(candidate.recompute)
-    out = [replace(candidate, recompute=r) for r in RECOMPUTE[j + 1 :]][:1]
+    fused = shape is not None and shape.fused_attention
+    policies = [r for r in RECOMPUTE[j + 1 :] if not (fused and r == "selective")]
+    out = [replace(candidate, recompute=r) for r in policies][:1]
     if shape is not None and candidate.mesh.pp == 1:
         m = 2 * (candidate.microbatches or 1)
         if m <= max(MICROBATCH_FACTORS) and (shape.batch // candidate.mesh.dp) % m == 0:

@@ -5,7 +5,7 @@ worker stays busy and each choice knows every result so far. The queue is sorted
 without a pipeline first, down to the recomputation each needs (the pipelines' step bounds
 stand on them, and the best of them is the first bar the pipelines must clear); then less
 recomputation first (it only adds time); then each group's leanest candidate (same mesh,
-schedule, recipe and recomputation: the probe that says whether any of them can fit); then
+recipe and recomputation: the probe that says whether any of them can fit); then
 the least step bound. A candidate is skipped, with one line saying why,
 
 - when a leaner candidate was clearly over the memory (`bound.leaner_or_equal`,
@@ -17,15 +17,24 @@ mesh without one is. A planned candidate that does not fit queues its next recom
 and, without pipeline stages, twice its micro-batches of gradient accumulation
 (`space.leaner`), each bounded by its step (both only add work); a tensor-parallel one
 without sequence parallelism queues nothing (its twin with it is leaner).
+
+A candidate of a deep model is screened first (`screen`): planned on two shallow copies of
+the model, its figures drawn to full depth, which less a margin
+bound the full plan's from below. Over the memory, it is skipped as a candidate that does
+not fit (and its leaner recipes queued, bounded by its step); else it goes back to the queue
+with its screened step as its bound, and is planned at full depth unless that bound cannot
+beat the best plan by then. Only full plans are ranked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from shardlab.search.bound import (
+    MEMORY_SLACK,
+    FlatWork,
     cannot_win,
     clearly_short,
     flat_work,
@@ -36,15 +45,17 @@ from shardlab.search.bound import (
     step_bound,
 )
 from shardlab.search.evaluate import Evaluation
+from shardlab.search.screen import STEP_MARGIN, least_memory, least_step, screens
 from shardlab.search.space import RECOMPUTE, Candidate, ModelShape, Pruned, leaner
 
 Progress = Callable[[float, str], None]
 
 
 class Planner(Protocol):
-    """Plans candidates in the background: `submit` one, `next_done` waits for any."""
+    """Plans candidates in the background: `submit` one (to `screen` it, or plan it at full
+    depth), `next_done` waits for any."""
 
-    def submit(self, candidate: Candidate) -> None: ...
+    def submit(self, candidate: Candidate, screen: bool = False) -> None: ...
 
     def next_done(self) -> Evaluation: ...
 
@@ -57,48 +68,75 @@ class _Waiting:
     candidate: Candidate
     parent_step: float | None = None
     parent: str = ""
+    #: its screened figures (`screen`), once screened
+    screened: Evaluation | None = None
+    #: planned only for the pipelines' bound: kept out of the results
+    reference: bool = False
 
 
 @dataclass
 class Walk:
-    """The evaluations made and the candidates skipped, with their reasons."""
+    """The evaluations made (full plans), the candidates skipped with their reasons, and
+    every screening made."""
 
     evaluations: list[Evaluation]
     skipped: list[Pruned]
+    screened: list[Evaluation] = field(default_factory=list)
+    #: the flat plans made only for the pipelines' bound (`walk`'s `references`)
+    references: list[Evaluation] = field(default_factory=list)
 
 
 def walk(
-    candidates: list[Candidate], shape: ModelShape, pool: Planner, width: int, report: Progress
+    candidates: list[Candidate],
+    shape: ModelShape,
+    pool: Planner,
+    width: int,
+    report: Progress,
+    references: Sequence[Candidate] = (),
 ) -> Walk:
-    """Plan `candidates` (and the leaner recipes memory asks for), `width` at a time."""
+    """Plan `candidates` (and the leaner recipes memory asks for), `width` at a time;
+    `references`: flat candidates (screened where they can be) planned only for the
+    pipelines' bound (`bound.flat_work`), kept out of the results."""
     out = Walk([], [])
-    queue = [_Waiting(c) for c in candidates]
-    short: list[Evaluation] = []  # planned, and clearly over the memory
-    running: list[Candidate] = []
+    queue = [_Waiting(c) for c in candidates] + [_Waiting(c, reference=True) for c in references]
+    short: list[Evaluation] = []  # planned or screened, and clearly over the memory
+    running: dict[Candidate, _Waiting] = {}
+    seen = {q.candidate for q in queue}  # a leaner recipe two parents ask for is queued once
+
+    def queue_leaner(c: Candidate, parent_step: float | None = None, parent: str = "") -> None:
+        for x in _next_leaner(c, shape):
+            if x not in seen:
+                seen.add(x)
+                queue.append(_Waiting(x, parent_step, parent))
+
     while queue or running:
-        work = flat_work(out.evaluations)
-        queue.sort(key=_order(queue, work))
+        work = _flat_work(out)
+        queue.sort(key=_order(queue, work, shape.layers))
         best = _best_step(out.evaluations)
         i = 0
         while i < len(queue) and len(running) < width:
             c = queue[i].candidate
-            if _must_wait(c, queue, running):
+            if _must_wait(c, queue, list(running)):
                 i += 1
                 continue
             q = queue.pop(i)
+            if q.reference:
+                pool.submit(c, screens(c, shape.layers))
+                running[c] = q
+                continue
             lean = next((e for e in short if leaner_or_equal(e.candidate, c)), None)
             if lean is not None:
                 out.skipped.append(Pruned(c.label(), heavier_reason(lean)))
-                queue += [_Waiting(x) for x in _next_leaner(c, shape)]
+                queue_leaner(c)
                 continue
-            bound, basis = _bound(q, work)
+            bound, basis = _bound(q, work, shape.layers)
             if cannot_win(bound, best):
                 assert bound is not None and best is not None
                 least = f"{basis} at least {bound * 1e3:.1f} ms"
                 out.skipped.append(Pruned(c.label(), f"cannot beat {best * 1e3:.1f} ms: {least}"))
                 continue
-            pool.submit(c)
-            running.append(c)
+            pool.submit(c, q.screened is None and screens(c, shape.layers))
+            running[c] = q
         if not running:
             continue
         planned = len(out.evaluations)
@@ -106,14 +144,50 @@ def walk(
                f"planned {planned} candidates, skipped {len(out.skipped)}, "
                f"{len(queue) + len(running)} waiting")  # fmt: skip
         e = pool.next_done()
-        running.remove(e.candidate)
+        q = running.pop(e.candidate)
+        if q.reference:
+            out.references.append(e)
+            continue
+        if e.screened is not None and e.error is None:
+            out.screened.append(e)
+            need = least_memory(e)
+            if need > e.usable_bytes * (1 + MEMORY_SLACK):
+                short.append(e)
+            if need <= e.usable_bytes:  # back to the queue, bounded by its screened step
+                queue.append(replace(q, screened=e))
+                continue
+            out.skipped.append(Pruned(e.candidate.label(), _screened_short(e), need))
+            queue_leaner(e.candidate, least_step(e), e.candidate.label())
+            continue
         out.evaluations.append(e)
         if clearly_short(e):
             short.append(e)
         if e.error is None and not e.fits:
-            label = e.candidate.label()
-            queue += [_Waiting(c, e.step_time_s, label) for c in _next_leaner(e.candidate, shape)]
+            queue_leaner(e.candidate, e.step_time_s, e.candidate.label())
     return out
+
+
+def _flat_work(out: Walk) -> dict[int, FlatWork]:
+    """`bound.flat_work` of the full plans and the screened ones (less their margin)."""
+    full = [e for e in out.references if e.screened is None] + out.evaluations
+    screened = [e for e in out.references if e.screened is not None] + out.screened
+    work = flat_work(full)
+    for tp, least in flat_work(screened, 1.0 / (1.0 + STEP_MARGIN)).items():
+        known = work.get(tp, least)
+        work[tp] = FlatWork(min(known.step, least.step), min(known.layers, least.layers))
+    return work
+
+
+def _depths(e: Evaluation) -> str:
+    d1, d2 = e.screened or (0, 0)
+    return f"screened at {d1} and {d2} layers"
+
+
+def _screened_short(e: Evaluation) -> str:
+    """One line for a candidate whose screened memory is over the usable memory."""
+    gib = float(1 << 30)
+    return (f"needs at least {least_memory(e) / gib:.1f} GiB of "
+            f"{e.usable_bytes / gib:.1f} GiB usable ({_depths(e)})")  # fmt: skip
 
 
 def _must_wait(c: Candidate, queue: list[_Waiting], running: list[Candidate]) -> bool:
@@ -128,9 +202,9 @@ def _must_wait(c: Candidate, queue: list[_Waiting], running: list[Candidate]) ->
 
 
 def _order(
-    queue: list[_Waiting], work: dict[int, float]
+    queue: list[_Waiting], work: dict[int, FlatWork], layers: int
 ) -> Callable[[_Waiting], tuple[bool, int, bool, float]]:
-    leanest: dict[tuple[object, ...], tuple[int, int, int]] = {}
+    leanest: dict[tuple[object, ...], tuple[int, ...]] = {}
     for q in queue:
         key = _group(q.candidate)
         leanest[key] = max(leanest.get(key, leanness(q.candidate)), leanness(q.candidate))
@@ -138,23 +212,31 @@ def _order(
     def order(q: _Waiting) -> tuple[bool, int, bool, float]:
         c = q.candidate
         probe = leanness(c) == leanest[_group(c)]
-        return (c.mesh.pp > 1, RECOMPUTE.index(c.recompute), not probe, _bound(q, work)[0] or 0.0)
+        least = _bound(q, work, layers)[0] or 0.0
+        return (c.mesh.pp > 1, RECOMPUTE.index(c.recompute), not probe, least)
 
     return order
 
 
 def _group(c: Candidate) -> tuple[object, ...]:
-    return (c.mesh, c.schedule, c.virtual_stages, c.dp_recipe, c.recompute)
+    fsdp = (c.schedule, c.virtual_stages) if c.dp_recipe == "fsdp" else None
+    return (c.mesh, c.dp_recipe, c.recompute, c.schedule is None, fsdp)
 
 
-def _bound(q: _Waiting, work: dict[int, float]) -> tuple[float | None, str]:
-    """The least step `q` can have, and what that stands on."""
-    pipeline = step_bound(q.candidate, work)
-    if q.parent_step is not None and (pipeline is None or q.parent_step > pipeline):
-        return q.parent_step, f"{q.parent} takes"
+def _bound(q: _Waiting, work: dict[int, FlatWork], layers: int) -> tuple[float | None, str]:
+    """The least step `q` can have, and what that stands on: its screened step, its
+    parent's step (a leaner recipe only adds work), or its pipeline's bound (`bound`)."""
+    bounds: list[tuple[float, str]] = []
+    if q.screened is not None and q.screened.step_time_s is not None:
+        bounds.append((least_step(q.screened), f"{_depths(q.screened)}, it takes"))
+    if q.parent_step is not None:
+        bounds.append((q.parent_step, f"{q.parent} takes"))
+    pipeline = step_bound(q.candidate, work, layers)
     if pipeline is not None:
-        return pipeline, pipeline_basis(q.candidate)
-    return None, ""
+        bounds.append((pipeline, pipeline_basis(q.candidate, work, layers)))
+    if not bounds:
+        return None, ""
+    return max(bounds, key=lambda b: b[0])
 
 
 def _best_step(evaluations: list[Evaluation]) -> float | None:

@@ -10,6 +10,7 @@ from shardlab.cost.clusters import load_cluster
 from shardlab.models import build_model
 from shardlab.search.bound import (
     MEMORY_SLACK,
+    FlatWork,
     bubble_factor,
     cannot_win,
     flat_work,
@@ -21,7 +22,8 @@ from shardlab.search.evaluate import evaluate
 from shardlab.search.space import Limits, ModelShape, every_candidate
 
 SHAPES = {
-    "tiny, launch-bound": {"layers": 4, "hidden": 128, "heads": 8, "kv_heads": 2, "ffn": 256,
+    # 6 layers: on 4 stages the busiest holds 2, a third above the average
+    "tiny, launch-bound": {"layers": 6, "hidden": 128, "heads": 8, "kv_heads": 2, "ffn": 256,
                            "vocab": 256, "seq": 64},
     "small, compute-bound": {"layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 4,
                              "ffn": 3584, "vocab": 8192, "seq": 1024},
@@ -50,12 +52,12 @@ def test_no_pipelined_candidate_beats_its_bound(name):
     piped = [e for e in every if e.candidate.mesh.pp > 1 and e.error is None]
     assert len(piped) > 20
     for e in piped:
-        bound = step_bound(e.candidate, work)
+        bound = step_bound(e.candidate, work, config["layers"])
         assert bound is not None
         assert e.step_time_s >= bound, e.candidate.label()
     # the bound is not vacuous: it skips some candidates against the best flat plan
     best = min(e.step_time_s for e in every if e.candidate.mesh.pp == 1 and e.fits)
-    assert any(cannot_win(step_bound(e.candidate, work), best) for e in piped)
+    assert any(cannot_win(step_bound(e.candidate, work, config["layers"]), best) for e in piped)
 
 
 def test_the_bubble_factor_of_each_schedule():
@@ -65,4 +67,8 @@ def test_the_bubble_factor_of_each_schedule():
     inter = Candidate(Mesh3(4, 2, 1), "dp", False, "none", "interleaved", 8, 2)
     assert bubble_factor(one_f) == pytest.approx(1 + 3 / 8)
     assert bubble_factor(inter) == pytest.approx(1 + 3 / 16)
-    assert step_bound(Candidate(Mesh3(1, 8, 1), "dp", False, "none"), {1: 1.0}) is None
+    flat = Candidate(Mesh3(1, 8, 1), "dp", False, "none")
+    assert step_bound(flat, {1: FlatWork(1.0, 0.8)}, 4) is None
+    # the busiest of 4 stages holds 2 of 5 layers: 2 x 4 / 5 of the layers' work
+    assert step_bound(one_f, {1: FlatWork(1.0, 0.9)}, 5) == pytest.approx(0.9 * 8 / 5)
+    assert step_bound(one_f, {1: FlatWork(1.0, 0.9)}, 4) == pytest.approx(1 + 3 / 8)

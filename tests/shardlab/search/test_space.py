@@ -78,3 +78,6 @@ def test_leaner_recipes_trade_time_for_memory_in_order():
     assert [c.microbatches for c in leaner(accumulating, shape)] == [2, 4]
     assert [c.microbatches for c in leaner(leaner(accumulating, shape)[1], shape)] == [4]
     assert leaner(Candidate(Mesh3(1, 1, 8), None, True, "full")) == []
+    # with flash attention selective recomputation saves nothing: none goes straight to full
+    fused = ModelShape(layers=8, heads=8, kv_heads=8, batch=32, fused_attention=True)
+    assert [c.recompute for c in leaner(base, fused)] == ["full", "none"]
