@@ -96,6 +96,14 @@ def plan_cmd(
             "dp passes) instead of costing the schedule's slots from each stage's units.",
         ),
     ] = False,
+    fail_if_oom: Annotated[
+        bool,
+        typer.Option(
+            "--fail-if-oom",
+            help="Exit 1 when the plan's peak memory per rank is over the cluster's (needs "
+            "--cluster): a gate for scripts and CI.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Training graph, placements and the per-rank program after the optimization passes;
@@ -107,6 +115,10 @@ def plan_cmd(
     try:
         if trace is not None and cluster is None:
             raise ShardlabError("--trace needs --cluster: the timeline comes from the cost model")
+        if fail_if_oom and cluster is None:
+            raise ShardlabError("--fail-if-oom needs --cluster: memory is judged against its GPUs")
+        if fail_if_oom and detailed_pipeline:
+            raise ShardlabError("--fail-if-oom is not available with --detailed-pipeline")
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, annotate, recompute)
 
@@ -148,18 +160,43 @@ def plan_cmd(
     summary = plan.summary()
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
-        return
-    typer.echo(_text(summary))
-    if trace is not None:
-        typer.echo(f"chrome trace: {trace} (open in https://ui.perfetto.dev)")
-    if output is not None:
-        typer.echo(f"plan saved: {output}")
+    else:
+        typer.echo(_text(summary))
+        if trace is not None:
+            typer.echo(f"chrome trace: {trace} (open in https://ui.perfetto.dev)")
+        if output is not None:
+            typer.echo(f"plan saved: {output}")
+    verdict = memory_verdict(plan)
+    if fail_if_oom and verdict is not None and not verdict[0]:
+        typer.echo(f"FAIL (--fail-if-oom): {verdict[1]}", err=True)
+        raise typer.Exit(1)
+
+
+def memory_verdict(plan: Any) -> tuple[bool, str] | None:
+    """Whether a costed plan fits its cluster's memory, and one line saying by how much
+    (None for a plan built without a cluster)."""
+    cost = plan.pipeline.cost if plan.pipeline is not None else plan.cost
+    if cost is None:
+        return None
+    peak, capacity = cost.peak_memory_bytes, cost.cluster.hbm_bytes
+    verb = "fits in" if peak <= capacity else "does not fit in"
+    text = f"peak memory per rank {human(peak, 'B')} {verb} {human(capacity, 'B')}"
+    return peak <= capacity, text
 
 
 @app.command("compare")
 def compare_cmd(
     plan_a: Annotated[Path, typer.Argument(help="A plan saved with `shardlab plan -o`.")],
     plan_b: Annotated[Path, typer.Argument(help="The plan to compare against A.")],
+    fail_if_slower: Annotated[
+        float | None,
+        typer.Option(
+            "--fail-if-slower",
+            metavar="PCT",
+            help="Exit 1 when B's predicted step is more than PCT percent slower than A's "
+            "(both saved with --cluster): a regression gate for scripts and CI.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Step time, memory, collectives, time per scope and placements of B against A."""
@@ -167,11 +204,24 @@ def compare_cmd(
     from shardlab.plan import load_plan
 
     try:
+        if fail_if_slower is not None and not fail_if_slower >= 0:
+            raise ShardlabError(f"--fail-if-slower must be a percentage >= 0, got {fail_if_slower}")
         a, b = load_plan(plan_a), load_plan(plan_b)
+        if fail_if_slower is not None and (a.cost is None or b.cost is None):
+            unpriced = plan_a if a.cost is None else plan_b
+            raise ShardlabError(f"--fail-if-slower needs both plans costed: {unpriced} was "
+                                "saved without --cluster")  # fmt: skip
     except ShardlabError as exc:
         fail(exc)
     result = compare(a, b, str(plan_a), str(plan_b))
     typer.echo(json.dumps(result.to_json(), indent=2) if as_json else result.text())
+    if fail_if_slower is not None and a.cost is not None and b.cost is not None:
+        change = b.cost.step_time / a.cost.step_time - 1.0
+        if change * 100 > fail_if_slower:
+            typer.echo(f"FAIL (--fail-if-slower {fail_if_slower:g}): B's step "
+                       f"{b.cost.step_time * 1e3:.1f} ms is {change:+.1%} against A's "
+                       f"{a.cost.step_time * 1e3:.1f} ms", err=True)  # fmt: skip
+            raise typer.Exit(1)
 
 
 def pass_settings(on: list[str], off: list[str], bucket_mb: float | None) -> dict[str, Any]:
