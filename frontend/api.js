@@ -33,6 +33,17 @@ export async function api(path, { method = "GET", body, raw } = {}) {
   return data;
 }
 
+/** One page of a list the service pages (`?limit=&offset=`): its rows and the total it
+ * counts (the `X-Total-Count` header). Throws ApiError for non-2xx answers. */
+export async function apiPage(path) {
+  const response = await fetch(path, { credentials: "same-origin" });
+  const text = await response.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!response.ok) throw new ApiError(response.status, data);
+  const total = Number(response.headers.get("X-Total-Count") ?? data.length);
+  return { items: data, total };
+}
+
 /** Follow a job's server-sent events; `onProgress(job)` for each update. Resolves with the
  * final job. `signal` (AbortSignal) stops listening. */
 export function followJob(jobId, onProgress, signal) {

@@ -22,6 +22,7 @@ from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
 from backend.module_tree import module_tree
 from backend.orm import Model, Plan
+from backend.pagination import Page
 from backend.schemas.common import PathId
 from backend.schemas.resources import ModelCreate, ModelDetail, ModelOut, ModuleNode
 from shardlab.errors import GraphError, PresetError
@@ -249,15 +250,15 @@ def upload_model(
 
 
 @router.get("", response_model=list[ModelOut])
-def list_models(session: SessionDep, principal: PrincipalDep) -> list[dict[str, Any]]:
-    """The team's models, oldest first."""
+def list_models(session: SessionDep, principal: PrincipalDep, page: Page) -> list[dict[str, Any]]:
+    """The team's models, oldest first, a page at a time (`pagination`)."""
     query = (
         select(Model)
         .where(Model.team_id == principal.team_id)
         .options(defer(Model.graph_blob))
         .order_by(Model.id)
     )
-    return [_out(row) for row in session.scalars(query)]
+    return [_out(row) for row in page.rows(session, query)]
 
 
 @router.get("/{model_id}", response_model=ModelDetail)

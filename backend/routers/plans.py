@@ -21,6 +21,7 @@ from backend import blobs, ledger
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
 from backend.orm import Artifact, Job, Model, Plan, Strategy
+from backend.pagination import Page
 from backend.plan_graph.index import collective_json
 from backend.routers.clusters import resolve_cluster
 from backend.routers.strategies import engine_strategy
@@ -172,11 +173,28 @@ def create_plan(
 
 
 @router.get("", response_model=list[PlanOut], responses=errors(401, 422))
-def list_plans(session: SessionDep, principal: PrincipalDep) -> list[dict[str, Any]]:
-    """The team's plans, newest first."""
-    rows = session.scalars(
-        select(Plan).where(Plan.team_id == principal.team_id).order_by(Plan.id.desc())
-    ).all()
+def list_plans(
+    session: SessionDep,
+    principal: PrincipalDep,
+    page: Page,
+    model_id: Annotated[int | None, Query(ge=1, description="Only this model's plans.")] = None,
+    strategy_id: Annotated[
+        int | None, Query(ge=1, description="Only plans of this strategy version.")
+    ] = None,
+    cluster: Annotated[
+        str | None, Query(max_length=100, description="Only plans on this cluster.")
+    ] = None,
+) -> list[dict[str, Any]]:
+    """The team's plans, newest first, a page at a time (`pagination`), filtered by model,
+    strategy version or cluster."""
+    query = select(Plan).where(Plan.team_id == principal.team_id)
+    if model_id is not None:
+        query = query.where(Plan.model_id == model_id)
+    if strategy_id is not None:
+        query = query.where(Plan.strategy_id == strategy_id)
+    if cluster is not None:
+        query = query.where(Plan.cluster == cluster)
+    rows = page.rows(session, query.order_by(Plan.id.desc()))
     # one query for every plan's job: `job_of` then finds them in the session
     session.scalars(select(Job).where(Job.id.in_([plan.job_id for plan in rows]))).all()
     return [_plan_out(session, plan) for plan in rows]

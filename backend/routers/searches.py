@@ -8,9 +8,9 @@ the worker. Each candidate in the result carries its plan inputs (`mesh`, `templ
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -18,6 +18,7 @@ from backend import ledger
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError
 from backend.orm import Model, Search
+from backend.pagination import Page
 from backend.routers.clusters import resolve_cluster
 from backend.routers.plans import job_fields, job_of, owned
 from backend.schemas.common import PathId, errors
@@ -71,11 +72,17 @@ def create_search(
 
 
 @router.get("", response_model=list[SearchOut], responses=errors(401, 422))
-def list_searches(session: SessionDep, principal: PrincipalDep) -> list[dict[str, Any]]:
-    """The team's searches, newest first."""
-    rows = session.scalars(
-        select(Search).where(Search.team_id == principal.team_id).order_by(Search.id.desc())
-    )
+def list_searches(
+    session: SessionDep,
+    principal: PrincipalDep,
+    page: Page,
+    model_id: Annotated[int | None, Query(ge=1, description="Only this model's searches.")] = None,
+) -> list[dict[str, Any]]:
+    """The team's searches, newest first, a page at a time (`pagination`), filtered by model."""
+    query = select(Search).where(Search.team_id == principal.team_id)
+    if model_id is not None:
+        query = query.where(Search.model_id == model_id)
+    rows = page.rows(session, query.order_by(Search.id.desc()))
     return [_out(session, row) for row in rows]
 
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from backend.deps import PrincipalDep, SessionDep
 from backend.errors import ApiError, not_found
 from backend.orm import Strategy as StrategyRow
+from backend.pagination import Page
 from backend.routers.models import commit_or_conflict, user_input
 from backend.schemas.common import PathId
 from backend.schemas.resources import StrategyCreate, StrategyOut, StrategyUpdate
@@ -146,10 +147,10 @@ def update_strategy(
 
 @router.get("", response_model=list[StrategyOut])
 def list_strategies(
-    session: SessionDep, principal: PrincipalDep, all_versions: bool = False
+    session: SessionDep, principal: PrincipalDep, page: Page, all_versions: bool = False
 ) -> list[dict[str, Any]]:
     """The latest version of each of the team's strategies (every version with
-    `all_versions=true`), by name then version."""
+    `all_versions=true`), by name then version, a page at a time (`pagination`)."""
     query = select(StrategyRow).where(StrategyRow.team_id == principal.team_id)
     if not all_versions:
         latest = (
@@ -162,7 +163,7 @@ def list_strategies(
             latest,
             (StrategyRow.name == latest.c.name) & (StrategyRow.version == latest.c.version),
         )
-    rows = session.scalars(query.order_by(StrategyRow.name, StrategyRow.version))
+    rows = page.rows(session, query.order_by(StrategyRow.name, StrategyRow.version))
     return [strategy_out(row) for row in rows]
 
 

@@ -193,7 +193,8 @@ function showResult(out, c, planB) {
 
 export async function render(root, ctx) {
   const [plans, models, strategies] = await Promise.all([
-    api("/api/plans"), api("/api/models"), api("/api/strategies?all_versions=true")]);
+    api("/api/plans?limit=1000"), api("/api/models?limit=1000"),
+    api("/api/strategies?all_versions=true&limit=1000")]);
   const names = {
     model: new Map(models.map((m) => [m.id, m.name])),
     strategy: new Map(strategies.map((s) => [s.id, `${s.name} v${s.version}`])),

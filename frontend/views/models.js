@@ -92,7 +92,7 @@ function modelRow(model) {
 }
 
 async function fillTable(holder, highlight = null) {
-  const models = await api("/api/models");
+  const models = await api("/api/models?limit=1000");
   if (!models.length) {
     holder.replaceChildren(h("p", { class: "muted" }, "No models yet: create one below."));
     return;

@@ -211,7 +211,7 @@ function clusterText(c) {
 
 export async function render(root, ctx) {
   const [models, clusters, templates, passes] = await Promise.all([
-    api("/api/models"), api("/api/clusters"), api("/api/templates"), api("/api/passes")]);
+    api("/api/models?limit=1000"), api("/api/clusters"), api("/api/templates"), api("/api/passes")]);
   root.append(h("h1", {}, "New plan"));
   if (!models.length) {
     root.append(h("p", {}, "No models yet: ", h("a", { href: "#/models" }, "create one"), " first."));

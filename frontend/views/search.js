@@ -201,7 +201,7 @@ export async function render(root, ctx) {
   let models;
   let clusters;
   try {
-    [models, clusters] = await Promise.all([api("/api/models"), api("/api/clusters")]);
+    [models, clusters] = await Promise.all([api("/api/models?limit=1000"), api("/api/clusters")]);
   } catch (err) {
     root.append(errorBox(err));
     return;

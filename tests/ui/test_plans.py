@@ -28,6 +28,28 @@ def test_plans_list_shows_the_built_plan(page: Page, built_plan: dict[str, Any])
     expect(row).to_contain_text(fmt_time(built_plan["summary"]["cost"]["step_time_s"]))
 
 
+def test_plans_list_pages_through_the_plans(
+    page: Page, server: Server, built_plan: dict[str, Any]
+) -> None:
+    """The list shows which plans of how many, and pages to older ones (the page's start
+    lives in the URL)."""
+    again = {"model_id": built_plan["model_id"], "strategy_id": built_plan["strategy_id"]}
+    server.api("POST", "/api/plans", again)  # a second plan, so there is an older page
+    total = len(server.api("GET", "/api/plans?limit=1000"))
+    assert total >= 2
+    page.goto("/#/plans")
+    shown = min(total, 50)
+    expect(page.locator("#plans-range")).to_have_text(f"Plans 1–{shown} of {total}")
+    pager = page.get_by_label("plan pages")
+    expect(pager.get_by_role("button", name="Newer")).to_be_disabled()
+    page.goto("/#/plans?offset=1")
+    expect(page.locator("#plans-range")).to_have_text(f"Plans 2–{min(total, 51)} of {total}")
+    expect(page.locator("table[aria-label='plans'] tbody tr")).to_have_count(min(total - 1, 50))
+    pager.get_by_role("button", name="Newer").click()
+    expect(page).to_have_url("http://" + page.url.split("/")[2] + "/#/plans")
+    expect(page.locator("#plans-range")).to_have_text(f"Plans 1–{shown} of {total}")
+
+
 def test_overview_explains_a_collective_and_verifies(
     page: Page, server: Server, built_plan: dict[str, Any]
 ) -> None:
