@@ -30,7 +30,7 @@ from shardlab.cli.pipeline_view import (
 from shardlab.errors import ShardlabError
 from shardlab.models.config import parse_overrides
 from shardlab.passes.guard import tuning_text
-from shardlab.strategy import Strategy
+from shardlab.strategy import Strategy, check_options
 from shardlab.summary import human
 
 
@@ -125,14 +125,7 @@ def plan_cmd(
         options = {"passes": pass_settings(pass_ or [], no_pass or [], bucket_mb)}
         strategy = dataclasses.replace(strategy, options={**strategy.options, **options})
         if "pp" in strategy.mesh.axis_names and not detailed_pipeline:
-            settings: dict[str, str | int] = {"schedule": schedule, "balance": balance}
-            settings.update({"microbatches": microbatches} if microbatches else {})
-            settings.update({"virtual_stages": virtual_stages} if virtual_stages else {})
-            passes = {k: v for k, v in options["passes"].items() if k != "pipeline_send_wait"}
-            strategy = Strategy.build(
-                mesh, template or [], annotate or [],
-                {**strategy.options, "passes": passes, "pipeline": settings},
-            )  # fmt: skip
+            strategy = pipelined(strategy, schedule, microbatches, virtual_stages, balance)
         elif "pp" in strategy.mesh.axis_names:
             if output is not None or trace is not None:
                 raise ShardlabError("-o and --trace are not available for pipelines yet")
@@ -222,6 +215,25 @@ def compare_cmd(
                        f"{b.cost.step_time * 1e3:.1f} ms is {change:+.1%} against A's "
                        f"{a.cost.step_time * 1e3:.1f} ms", err=True)  # fmt: skip
             raise typer.Exit(1)
+
+
+def pipelined(
+    strategy: Strategy,
+    schedule: str,
+    microbatches: int | None,
+    virtual_stages: int | None,
+    balance: str,
+) -> Strategy:
+    """`strategy` (whose mesh has a pp axis) with the pipeline settings of the command line,
+    its schedule's slots costed from each stage's units."""
+    settings: dict[str, str | int] = {"schedule": schedule, "balance": balance}
+    settings.update({"microbatches": microbatches} if microbatches else {})
+    settings.update({"virtual_stages": virtual_stages} if virtual_stages else {})
+    passes = {k: v for k, v in strategy.options.get("passes", {}).items()
+              if k != "pipeline_send_wait"}  # fmt: skip
+    options = {**strategy.options, "passes": passes, "pipeline": settings}
+    check_options(options, strategy.mesh)  # a schedule or count it cannot run is named
+    return dataclasses.replace(strategy, options=options)
 
 
 def pass_settings(on: list[str], off: list[str], bucket_mb: float | None) -> dict[str, Any]:
