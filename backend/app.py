@@ -15,6 +15,7 @@ from backend.limits import BodyLimitMiddleware
 from backend.openapi import install_openapi
 from backend.routers import (
     auth,
+    checks,
     clusters,
     comparisons,
     jobs,
@@ -81,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         verifications,
         comparisons,
         searches,
+        checks,
         jobs,
     ):
         app.include_router(module.router)

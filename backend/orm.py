@@ -229,3 +229,18 @@ class Search(Base):
     request: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Check(Base):
+    """A CI check (`shardlab.check`): a plan built by its job and judged, once built, against
+    `budgets`; `baseline_plan_id` is the plan `max_regression_pct` compares with."""
+
+    __tablename__ = "checks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"))
+    baseline_plan_id: Mapped[int | None] = mapped_column(
+        ForeignKey("plans.id", ondelete="SET NULL"), default=None
+    )
+    budgets: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -157,3 +157,54 @@ class SearchOut(BaseModel):
     error: dict[str, Any] | None
     result: dict[str, Any] | None
     created_at: str | None
+
+
+class CheckBudgets(_Request):
+    """What the plan must meet (`shardlab.check`); a budget left out is not judged."""
+
+    must_fit: bool = Field(default=True, description="Peak memory per rank within the cluster's.")
+    max_step_time_s: float | None = Field(
+        default=None, ge=0, description="Most predicted step seconds."
+    )
+    max_regression_pct: float | None = Field(
+        default=None, ge=0, description="Most percent slower than the baseline plan (needs one)."
+    )
+    max_fallback_ops: int | None = Field(
+        default=None, ge=0, description="Most fallback-placed ops."
+    )
+    min_mfu: float | None = Field(default=None, ge=0, le=1, description="Least MFU, a fraction.")
+    verify: bool = Field(
+        default=False, description="Verify numerically (not available in checks yet)."
+    )
+
+
+class CheckCreate(_Request):
+    """Check a stored model under a stored strategy version on a cluster against budgets."""
+
+    model_id: RowId
+    strategy_id: RowId
+    cluster: str = Field(min_length=1, max_length=100, description="Cluster preset or name.")
+    baseline_plan_id: RowId | None = Field(
+        None, description="A built plan of the team: the step max_regression_pct compares with."
+    )
+    budgets: CheckBudgets = Field(default_factory=lambda: CheckBudgets())
+
+
+class CheckOut(BaseModel):
+    """A check, its plan job's state and, once the plan is built, the verdict: every budget
+    with its limit, the plan's figure and pass or fail; the Markdown for a pull request."""
+
+    id: int
+    plan_id: int
+    baseline_plan_id: int | None
+    budgets: dict[str, Any]
+    job_id: int
+    status: JobStatus
+    progress: float
+    message: str
+    error: dict[str, Any] | None = Field(description="{code, message, detail} of a failed plan.")
+    passed: bool | None = Field(description="None until the plan is built.")
+    verdict: dict[str, Any] | None
+    markdown: str | None
+    plan_url: str = Field(description="The plan in the UI (a path on this server).")
+    created_at: str | None

@@ -33,7 +33,11 @@ def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, Any]:
     search_id = create_search(client)
     create_cluster(client, "lab")
     token = _created(client.post("/api/tokens", json={"name": "ci"}))
-    assert run_jobs(settings) == 6
+    queued = client.get(f"/api/plans/{plan_a}").json()
+    check = _created(client.post("/api/checks", json={
+        "model_id": queued["model_id"], "strategy_id": queued["strategy_id"],
+        "cluster": "h100-sxm-1x4"}))  # fmt: skip
+    assert run_jobs(settings) == 7
     plan = client.get(f"/api/plans/{plan_a}").json()
     collective = client.get(f"/api/plans/{plan_a}/collectives").json()[0]["name"]
     return {
@@ -45,6 +49,7 @@ def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, Any]:
         "job_id": str(plan["job_id"]),
         "token_id": str(token["id"]),
         "search_id": str(search_id),
+        "check_id": str(check["id"]),
         "value": "layers.0.mlp.down_proj.weight",
         "/api/clusters/{name}": "lab",
         "/api/plans/{plan_id}/collectives/{name}": collective,
@@ -108,7 +113,9 @@ def test_another_team_gets_404_on_every_resource(
 
     # nothing alpha owns changed, and beta's listings show none of it
     for path, answer in before.items():
-        if not path.endswith("/events"):  # a stream, not a stored view
+        if path.endswith("/junit"):  # an XML report
+            assert client.get(_fill(path, ids)).text == answer.text, path
+        elif not path.endswith("/events"):  # a stream, not a stored view
             assert client.get(_fill(path, ids)).json() == answer.json(), path
     assert client.get("/api/me").status_code == 200  # alpha's token was not revoked
     for listing in (
