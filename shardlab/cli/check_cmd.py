@@ -1,7 +1,9 @@
-"""`shardlab check`: a CI gate. Builds a plan and judges it against budgets (`shardlab.check`):
-prints the verdict as Markdown for a pull-request comment, writes a JUnit XML report, and
-exits 0 when every budget holds, 1 when one does not, 2 on any other error (a bad flag, a
-model that cannot be planned)."""
+"""`shardlab check`: a CI gate. A plan judged against budgets (`shardlab.check`), built in this
+process (`--local MODEL --mesh ...`) or by a Shardlab service (`--server URL --token T
+--model-id N --strategy-id M`, `check_remote`): prints the verdict as Markdown for a
+pull-request comment, writes a JUnit XML report, and exits 0 when every budget holds, 1 when
+one does not, 2 on any other error (a bad flag, a model that cannot be planned, a service
+that refuses)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ from typing import Annotated
 import typer
 
 from shardlab.check import Budgets, judge
+from shardlab.cli.check_remote import run_remote_check
 from shardlab.cli.common import (
     AnnotateOption,
     JsonFlag,
-    MeshOption,
     RecomputeOption,
     SetOption,
     TemplateOption,
@@ -32,15 +34,29 @@ ERROR_EXIT = 2
 
 @app.command("check")
 def check_cmd(
-    model: str,
-    mesh: MeshOption,
     cluster: Annotated[
         str, typer.Option(help="Cluster preset (h100-sxm-8x8) or file the plan is costed on.")
     ],
+    model: Annotated[str | None, typer.Argument(help="With --local: preset or graph.")] = None,
+    mesh: Annotated[str | None, typer.Option(help="With --local: the device mesh.")] = None,
     local: Annotated[
         bool,
         typer.Option("--local", help="Build the plan in this process (no server needed)."),
     ] = False,
+    server: Annotated[
+        str | None, typer.Option(help="A Shardlab service's URL: check through its API.")
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="SHARDLAB_TOKEN", help="API token (--server).")
+    ] = None,
+    model_id: Annotated[int | None, typer.Option(help="With --server: a stored model.")] = None,
+    strategy_id: Annotated[
+        int | None, typer.Option(help="With --server: a stored strategy version.")
+    ] = None,
+    baseline_plan_id: Annotated[
+        int | None, typer.Option(help="With --server: the built plan to compare with.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="With --server: seconds to wait.")] = 600.0,
     template: TemplateOption = None,
     annotate: AnnotateOption = None,
     set_: SetOption = None,
@@ -70,28 +86,47 @@ def check_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Judge a plan against budgets: Markdown verdict, JUnit XML, exit 0 pass / 1 fail /
-    2 error. `--local` builds the plan here; a server-side check is still to come."""
+    2 error. `--local` builds the plan here, `--server` through a service's API."""
     from shardlab.plan import build_plan, load_plan
 
     try:
-        if not local:
-            raise ShardlabError("only --local checks exist yet: pass --local to build the plan "
-                                "in this process")  # fmt: skip
         budgets = Budgets(must_fit, max_step_time_s, max_regression_pct, max_fallback_ops,
                           min_mfu)  # fmt: skip
-        if max_regression_pct is not None and baseline is None:
-            raise ShardlabError("--max-regression-pct needs --baseline PLAN.json")
-        before = load_plan(baseline).summary() if baseline is not None else None
-        strategy = build_strategy(mesh, template, annotate, recompute)
-        if "pp" in strategy.mesh.axis_names:
-            strategy = pipelined(strategy, schedule, microbatches, virtual_stages, "time")
-        plan = build_plan(load_model(model, set_), strategy, cluster=cluster)
-        verdict = judge(plan.summary(), budgets, before)
+        if local == (server is not None):
+            raise ShardlabError("say where to build the plan: --local MODEL --mesh ..., or "
+                                "--server URL --token T --model-id N --strategy-id M")  # fmt: skip
+        if server is not None:
+            if token is None or model_id is None or strategy_id is None:
+                raise ShardlabError("--server needs --token (or SHARDLAB_TOKEN), --model-id "
+                                    "and --strategy-id")  # fmt: skip
+            body = {
+                "model_id": model_id,
+                "strategy_id": strategy_id,
+                "cluster": cluster,
+                "baseline_plan_id": baseline_plan_id,
+                "budgets": {k: v for k, v in vars(budgets).items() if v is not None},
+            }
+            check, report = run_remote_check(server, token, body, timeout)
+            verdict_json, markdown = check["verdict"], check["markdown"]
+            passed = bool(check["passed"])
+        else:
+            if model is None or mesh is None:
+                raise ShardlabError("--local needs a MODEL and --mesh")
+            if max_regression_pct is not None and baseline is None:
+                raise ShardlabError("--max-regression-pct needs --baseline PLAN.json")
+            before = load_plan(baseline).summary() if baseline is not None else None
+            strategy = build_strategy(mesh, template, annotate, recompute)
+            if "pp" in strategy.mesh.axis_names:
+                strategy = pipelined(strategy, schedule, microbatches, virtual_stages, "time")
+            plan = build_plan(load_model(model, set_), strategy, cluster=cluster)
+            verdict = judge(plan.summary(), budgets, before)
+            verdict_json, markdown, report = verdict.to_json(), verdict.markdown(), verdict.junit()
+            passed = verdict.passed
     except ShardlabError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(ERROR_EXIT) from None
-    typer.echo(json.dumps(verdict.to_json(), indent=1) if as_json else verdict.markdown())
+    typer.echo(json.dumps(verdict_json, indent=1) if as_json else markdown)
     if junit is not None:
-        junit.write_text(verdict.junit())
-    if not verdict.passed:
+        junit.write_text(report)
+    if not passed:
         raise typer.Exit(1)

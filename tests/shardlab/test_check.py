@@ -97,7 +97,7 @@ def test_cli_check_exits_0_on_pass_1_on_fail_2_on_error(tmp_path: Path) -> None:
     odd = [*check, "--mesh", "dp=3", "--template", "dp"]  # the batch of 8 does not split
     for bad, says in (([*check, *DP, "--max-step-time-s", "-1"], "max_step_time_s must be"),
                       ([*check, *DP, "--max-regression-pct", "5"], "needs --baseline"),
-                      (["check", *SMALL, *DP], "pass --local"),
+                      (["check", *SMALL, *DP], "say where to build the plan"),
                       (odd, "not divisible by 3")):  # fmt: skip
         result = runner.invoke(app, bad)
         assert result.exit_code == 2, (bad, result.output)
