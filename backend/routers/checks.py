@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session
 from backend import ledger
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError
-from backend.orm import Check, Model, Plan, Strategy
+from backend.orm import Check, Job, Model, Plan, Strategy
 from backend.routers.clusters import resolve_cluster
 from backend.routers.plans import built_plan, check_plan, job_fields, job_of, owned
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import CheckCreate, CheckOut, Created
-from shardlab.check import Budgets, CheckError, Verdict, judge
+from shardlab.check import Budgets, CheckError, Verdict, figures, judge
 
 router = APIRouter(prefix="/api/checks", tags=["checks"])
 
@@ -45,12 +45,12 @@ def create_check(
                        "baseline_plan_id", field="baseline_plan_id")  # fmt: skip
     if body.baseline_plan_id is not None:
         baseline = built_plan(session, team, body.baseline_plan_id)
-        if not (baseline.summary or {}).get("cost") and not (baseline.summary or {}).get(
-            "pipeline"
-        ):
+        try:
+            figures(baseline.summary or {})
+        except CheckError:
             raise ApiError(422, "invalid_check", f"baseline plan {baseline.id} was built without "
                            "a cluster: it has no step to compare with",
-                           field="baseline_plan_id")  # fmt: skip
+                           field="baseline_plan_id") from None  # fmt: skip
     model = owned(session, Model, team, body.model_id, "model")
     strategy = owned(session, Strategy, team, body.strategy_id, "strategy")
     spec = resolve_cluster(session, team, body.cluster)
@@ -72,10 +72,7 @@ def create_check(
 @router.get("/{check_id}", response_model=CheckOut, responses=errors(401, 404, 422))
 def get_check(check_id: PathId, session: SessionDep, principal: PrincipalDep) -> dict[str, Any]:
     """A check with its plan job's state and, once the plan is built, the verdict."""
-    check: Check = owned(session, Check, principal.team_id, check_id, "check")
-    plan = session.get(Plan, check.plan_id)
-    assert plan is not None  # the plan's deletion deletes its checks
-    job = job_of(session, plan.job_id)
+    check, plan, job = _owned_check(session, principal.team_id, check_id)
     verdict = _verdict(session, check, plan) if job.status == "succeeded" else None
     return {
         "id": check.id,
@@ -95,14 +92,19 @@ def get_check(check_id: PathId, session: SessionDep, principal: PrincipalDep) ->
 @router.get("/{check_id}/junit", responses=errors(401, 404, 409, 422))
 def get_junit(check_id: PathId, session: SessionDep, principal: PrincipalDep) -> Response:
     """The verdict as a JUnit XML report (409 until the plan is built)."""
-    check: Check = owned(session, Check, principal.team_id, check_id, "check")
-    plan = session.get(Plan, check.plan_id)
-    assert plan is not None
-    job = job_of(session, plan.job_id)
+    check, plan, job = _owned_check(session, principal.team_id, check_id)
     if job.status != "succeeded":
         raise ApiError(409, "not_ready", f"check {check.id}'s plan is {job.status}",
                        job_status=job.status)  # fmt: skip
     return Response(_verdict(session, check, plan).junit(), media_type="application/xml")
+
+
+def _owned_check(session: Session, team_id: int, check_id: int) -> tuple[Check, Plan, Job]:
+    """The team's check (404 otherwise), its plan and the plan's job."""
+    check: Check = owned(session, Check, team_id, check_id, "check")
+    plan = session.get(Plan, check.plan_id)
+    assert plan is not None  # the plan's deletion deletes its checks
+    return check, plan, job_of(session, plan.job_id)
 
 
 def _verdict(session: Session, check: Check, plan: Plan) -> Verdict:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from shardlab.check import figures
 from shardlab.cli.common import (
     AnnotateOption,
     JsonFlag,
@@ -159,22 +160,13 @@ def plan_cmd(
             typer.echo(f"chrome trace: {trace} (open in https://ui.perfetto.dev)")
         if output is not None:
             typer.echo(f"plan saved: {output}")
-    verdict = memory_verdict(plan)
-    if fail_if_oom and verdict is not None and not verdict[0]:
-        typer.echo(f"FAIL (--fail-if-oom): {verdict[1]}", err=True)
-        raise typer.Exit(1)
-
-
-def memory_verdict(plan: Any) -> tuple[bool, str] | None:
-    """Whether a costed plan fits its cluster's memory, and one line saying by how much
-    (None for a plan built without a cluster)."""
-    cost = plan.pipeline.cost if plan.pipeline is not None else plan.cost
-    if cost is None:
-        return None
-    peak, capacity = cost.peak_memory_bytes, cost.cluster.hbm_bytes
-    verb = "fits in" if peak <= capacity else "does not fit in"
-    text = f"peak memory per rank {human(peak, 'B')} {verb} {human(capacity, 'B')}"
-    return peak <= capacity, text
+    if fail_if_oom:
+        cost = figures(summary)  # the flat plan's cost or the pipeline's
+        peak, capacity = cost["peak_memory_bytes"], cost["memory_capacity_bytes"]
+        if not cost["fits"]:
+            typer.echo(f"FAIL (--fail-if-oom): peak memory per rank {human(peak, 'B')} does "
+                       f"not fit in {human(capacity, 'B')}", err=True)  # fmt: skip
+            raise typer.Exit(1)
 
 
 @app.command("compare")

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
 from shardlab.search.evaluate import Evaluation
-from shardlab.search.screen import least_memory
+from shardlab.search.screen import STEP_MARGIN, least_memory, screened_at
 from shardlab.search.space import RECOMPUTE, Candidate
 
 #: A candidate is skipped when its bound exceeds the best step by more than this fraction.
@@ -75,15 +75,15 @@ class FlatWork:
     layers: float
 
 
-def flat_work(evaluations: Iterable[Evaluation], scale: float = 1.0) -> dict[int, FlatWork]:
-    """Per tensor-parallel degree, the least work of the flat candidates planned so far
-    (times `scale`)."""
+def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, FlatWork]:
+    """Per tensor-parallel degree, the least work of the flat candidates planned so far;
+    a screened one's less its margin (`screen.least_step`'s)."""
     out: dict[int, FlatWork] = {}
     for e in evaluations:
         c = e.candidate
         if c.mesh.pp != 1 or e.error is not None or "compute_s" not in e.terms:
             continue
-        t = e.terms
+        t, scale = e.terms, 1.0 / (1.0 + STEP_MARGIN) if e.screened is not None else 1.0
         work = FlatWork(
             (t["compute_s"] - t.get("optimizer_s", 0.0) + t.get("exposed_tp_s", 0.0)) * scale,
             t.get("layers_s", 0.0) * scale,
@@ -184,9 +184,7 @@ def heavier_reason(lean: Evaluation) -> str:
         need, how = least_memory(lean), " at least"
     text = (f"needs more memory than {lean.candidate.label()}, which needs{how} "
             f"{need / gib:.1f} GiB of {lean.usable_bytes / gib:.1f} GiB usable")  # fmt: skip
-    if lean.screened is not None:
-        text += f" (screened at {lean.screened[0]} and {lean.screened[1]} layers)"
-    return text
+    return text + (f" ({screened_at(lean)})" if lean.screened is not None else "")
 
 
 def too_big_reason(bound: float, usable: float) -> str:

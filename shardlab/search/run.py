@@ -157,14 +157,18 @@ def _runners_up(walked: Walk) -> list[Candidate]:
     planned in full so that the ranking's runner-up is the true one."""
     full = [e for e in walked.evaluations if e.fits and e.step_time_s is not None]
     second = sorted(e.step_time_s or 0.0 for e in full)[1:2]
-    planned = {e.candidate for e in walked.evaluations}
-    screened = sorted(
-        (e for e in walked.screened if e.candidate not in planned
-         and least_memory(e) <= e.usable_bytes and e.step_time_s is not None),
-        key=lambda e: e.step_time_s or 0.0,
-    )  # fmt: skip
+    screened = sorted(_screened_fitting(walked.evaluations, walked.screened),
+                      key=lambda e: e.step_time_s or 0.0)  # fmt: skip
     return [e.candidate for e in screened[:RUNNERS_UP]
             if not second or (e.step_time_s or 0.0) < second[0]]  # fmt: skip
+
+
+def _screened_fitting(planned: list[Evaluation], screened: list[Evaluation]) -> list[Evaluation]:
+    """The screened candidates not planned in full that may fit (by their screened memory
+    less its margin)."""
+    full = {e.candidate for e in planned}
+    return [e for e in screened if e.candidate not in full and e.step_time_s is not None
+            and least_memory(e) <= e.usable_bytes]  # fmt: skip
 
 
 @dataclass
@@ -217,10 +221,7 @@ def _references(candidates: list[Candidate], space: Space) -> list[Candidate]:
 def _refinable(planned: list[Evaluation], screened: list[Evaluation]) -> Evaluation | None:
     """The fastest fitting template plan with tensor parallelism and no pipeline: fitting
     by its full plan, or by its screened figures where it has none (`screen`)."""
-    full = {e.candidate for e in planned}
-    fitting = [e for e in planned if e.fits] + [
-        e for e in screened if e.candidate not in full and least_memory(e) <= e.usable_bytes
-    ]
+    fitting = [e for e in planned if e.fits] + _screened_fitting(planned, screened)
     options = [e for e in fitting if e.candidate.mesh.tp > 1 and e.candidate.mesh.pp == 1
                and e.step_time_s is not None]  # fmt: skip
     return min(options, key=lambda e: e.step_time_s or 0.0, default=None)

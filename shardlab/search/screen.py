@@ -106,6 +106,12 @@ def least_memory(e: Evaluation) -> float:
     return (e.peak_memory_bytes or 0) / (1.0 + MEMORY_MARGIN)
 
 
+def screened_at(e: Evaluation) -> str:
+    """`screened at 4 and 5 layers`: where a screened evaluation's figures come from."""
+    d1, d2 = e.screened or (0, 0)
+    return f"screened at {d1} and {d2} layers"
+
+
 class Screener:
     """Screens candidates of one model; its shallow copies are built once, on first use, and
     kept (with the plans' caches they carry) for every candidate after."""

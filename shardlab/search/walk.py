@@ -45,7 +45,7 @@ from shardlab.search.bound import (
     step_bound,
 )
 from shardlab.search.evaluate import Evaluation
-from shardlab.search.screen import STEP_MARGIN, least_memory, least_step, screens
+from shardlab.search.screen import least_memory, least_step, screened_at, screens
 from shardlab.search.space import RECOMPUTE, Candidate, ModelShape, Pruned, leaner
 
 Progress = Callable[[float, str], None]
@@ -110,7 +110,7 @@ def walk(
                 queue.append(_Waiting(x, parent_step, parent))
 
     while queue or running:
-        work = _flat_work(out)
+        work = flat_work(out.evaluations + out.screened + out.references)
         queue.sort(key=_order(queue, work, shape.layers))
         best = _best_step(out.evaluations)
         i = 0
@@ -167,27 +167,11 @@ def walk(
     return out
 
 
-def _flat_work(out: Walk) -> dict[int, FlatWork]:
-    """`bound.flat_work` of the full plans and the screened ones (less their margin)."""
-    full = [e for e in out.references if e.screened is None] + out.evaluations
-    screened = [e for e in out.references if e.screened is not None] + out.screened
-    work = flat_work(full)
-    for tp, least in flat_work(screened, 1.0 / (1.0 + STEP_MARGIN)).items():
-        known = work.get(tp, least)
-        work[tp] = FlatWork(min(known.step, least.step), min(known.layers, least.layers))
-    return work
-
-
-def _depths(e: Evaluation) -> str:
-    d1, d2 = e.screened or (0, 0)
-    return f"screened at {d1} and {d2} layers"
-
-
 def _screened_short(e: Evaluation) -> str:
     """One line for a candidate whose screened memory is over the usable memory."""
     gib = float(1 << 30)
     return (f"needs at least {least_memory(e) / gib:.1f} GiB of "
-            f"{e.usable_bytes / gib:.1f} GiB usable ({_depths(e)})")  # fmt: skip
+            f"{e.usable_bytes / gib:.1f} GiB usable ({screened_at(e)})")  # fmt: skip
 
 
 def _must_wait(c: Candidate, queue: list[_Waiting], running: list[Candidate]) -> bool:
@@ -228,7 +212,7 @@ def _bound(q: _Waiting, work: dict[int, FlatWork], layers: int) -> tuple[float |
     parent's step (a leaner recipe only adds work), or its pipeline's bound (`bound`)."""
     bounds: list[tuple[float, str]] = []
     if q.screened is not None and q.screened.step_time_s is not None:
-        bounds.append((least_step(q.screened), f"{_depths(q.screened)}, it takes"))
+        bounds.append((least_step(q.screened), f"{screened_at(q.screened)}, it takes"))
     if q.parent_step is not None:
         bounds.append((q.parent_step, f"{q.parent} takes"))
     pipeline = step_bound(q.candidate, work, layers)
