@@ -15,6 +15,7 @@ from backend.limits import BodyLimitMiddleware
 from backend.openapi import install_openapi
 from backend.routers import (
     auth,
+    baselines,
     checks,
     clusters,
     comparisons,
@@ -26,6 +27,7 @@ from backend.routers import (
     plan_timeline,
     plans,
     presets,
+    reviews,
     searches,
     strategies,
     templates,
@@ -79,6 +81,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         plan_sharding,
         plan_timeline,
         plan_schedule,
+        reviews,
+        baselines,
         verifications,
         comparisons,
         searches,

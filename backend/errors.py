@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -36,6 +38,15 @@ class ApiError(Exception):
 def not_found(what: str, ident: object) -> ApiError:
     """404 for a resource that does not exist or belongs to another team (indistinguishable)."""
     return ApiError(404, "not_found", f"{what} {ident} not found", resource=what, id=ident)
+
+
+@contextmanager
+def user_input(code: str, what: str, **detail: Any) -> Iterator[None]:
+    """Turn a parsing error on user data (ValueError, KeyError, ...) into a 422 naming `what`."""
+    try:
+        yield
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ApiError(422, code, f"{what}: {exc}", **detail) from None
 
 
 def error_body(code: str, message: str, **detail: Any) -> dict[str, Any]:

@@ -171,6 +171,14 @@ class Plan(Base):
     cluster: Mapped[str | None] = mapped_column(String(100), default=None)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: who asked for it (None: a team token with no user, or made before authors were kept)
+    author_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), default=None
+    )
+    #: none | pending | changes_requested | approved (`backend.reviews.review_state`)
+    review_state: Mapped[str] = mapped_column(
+        String(20), default="none", server_default="none", index=True
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -243,4 +251,85 @@ class Check(Base):
         ForeignKey("plans.id", ondelete="SET NULL"), default=None
     )
     budgets: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: with `budgets["verify"]`: the verification of the plan the verdict reads
+    verification_id: Mapped[int | None] = mapped_column(
+        ForeignKey("verifications.id", ondelete="SET NULL"), default=None
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ReviewRequest(Base):
+    """A plan's author (or a member) asked `reviewer_id` to review the plan; `state` is the
+    reviewer's latest decision: pending | approved | changes_requested."""
+
+    __tablename__ = "review_requests"
+    __table_args__ = (UniqueConstraint("plan_id", "reviewer_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)
+    reviewer_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    requested_by: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), default=None
+    )
+    state: Mapped[str] = mapped_column(String(20), default="pending")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    decided_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class ReviewComment(Base):
+    """A comment on a plan. A thread's first comment carries the anchor (`anchor`: kind and
+    name or time range, see `backend.anchors`); replies point at it with `thread_id`."""
+
+    __tablename__ = "review_comments"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)
+    thread_id: Mapped[int | None] = mapped_column(
+        ForeignKey("review_comments.id", ondelete="CASCADE"), default=None
+    )
+    author_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), default=None
+    )
+    anchor: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    body: Mapped[str] = mapped_column(Text)
+    resolved_at: Mapped[datetime | None] = mapped_column(default=None)
+    resolved_by: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), default=None
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ReviewEvent(Base):
+    """The review history of a plan, one row per event: requested, commented, replied,
+    resolved, reopened, approved, changes_requested, comment_deleted, baseline_set."""
+
+    __tablename__ = "review_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)
+    actor_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), default=None
+    )
+    kind: Mapped[str] = mapped_column(String(30))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Baseline(Base):
+    """A named reference plan of the team: an approved plan of `model_id` on `cluster`. New
+    strategy versions and checks are compared with it. The default name is the model's and
+    cluster's (`backend.baselines.default_name`)."""
+
+    __tablename__ = "baselines"
+    __table_args__ = (UniqueConstraint("team_id", "name"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    cluster: Mapped[str] = mapped_column(String(100))
+    set_by: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), default=None
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

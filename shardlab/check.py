@@ -10,7 +10,11 @@ this process (`shardlab check --local`) and on stored ones alike. Budgets:
 - `max_step_time_s`: the predicted step;
 - `max_regression_pct`: the step against the baseline's, in percent (slower is positive);
 - `max_fallback_ops`: ops placed by the generic replicated fallback (no SPMD rule);
-- `min_mfu`: model FLOPs utilisation, a fraction (0.4 for 40%).
+- `min_mfu`: model FLOPs utilisation, a fraction (0.4 for 40%);
+- `verify`: one training step on the simulated mesh matches one device
+  (`shardlab.runtime.verify`); judged from the verification report. Verification holds every
+  rank's tensors in float64, so it is refused up front for models too large for it
+  (`verification_bytes`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Budgets:
     max_regression_pct: float | None = None
     max_fallback_ops: int | None = None
     min_mfu: float | None = None
+    verify: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_step_time_s", "max_regression_pct", "max_fallback_ops", "min_mfu"):
@@ -111,11 +116,40 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
     return cost
 
 
+#: Bytes a verification may need before a check refuses to run it (`verification_bytes`).
+MAX_VERIFICATION_BYTES = 4 << 30
+
+
+def verification_bytes(params: int, ranks: int, dtype_bytes: int = 8) -> int:
+    """About what verifying a plan holds: the reference run and each of the `ranks` simulated
+    ranks keep parameters, gradients and two optimizer moments (4 tensors per parameter,
+    `dtype_bytes` each); replicated parameters are held by every rank, so this bounds it."""
+    return (ranks + 1) * params * 4 * dtype_bytes
+
+
+def check_verifiable(params: int, ranks: int, limit: int = MAX_VERIFICATION_BYTES) -> None:
+    """A CheckError naming `verify` when verifying would need more than `limit` bytes."""
+    need = verification_bytes(params, ranks)
+    if need > limit:
+        raise CheckError(
+            f"verify: a verification of {params:,} parameters on {ranks} ranks would hold about "
+            f"{_gib(need)} in float64 (limit {_gib(limit)}); verify a smaller shape of the "
+            "model (fewer layers, a smaller hidden size) under the same strategy instead",
+            field="verify",
+            bytes=need,
+            limit=limit,
+        )
+
+
 def judge(
-    summary: dict[str, Any], budgets: Budgets, baseline: dict[str, Any] | None = None
+    summary: dict[str, Any],
+    budgets: Budgets,
+    baseline: dict[str, Any] | None = None,
+    verification: dict[str, Any] | None = None,
 ) -> Verdict:
     """The verdict on a plan (its `summary`) against `budgets`; `baseline` is the summary of
-    the plan `max_regression_pct` compares with."""
+    the plan `max_regression_pct` compares with, `verification` the report `verify` reads
+    (`ok`, `compute_dtype`, `failed`, `checks`, `first_divergence`)."""
     cost = figures(summary)
     verdict = Verdict(f"{summary.get('model', '?')}: {summary.get('strategy', '?')}")
     add = verdict.results.append
@@ -142,7 +176,23 @@ def judge(
     if budgets.min_mfu is not None:
         mfu = float(cost.get("mfu") or 0.0)
         add(Result("min_mfu", f">= {budgets.min_mfu:.1%}", f"{mfu:.1%}", mfu >= budgets.min_mfu))
+    if budgets.verify:
+        add(_verified(verification))
     return verdict
+
+
+def _verified(report: dict[str, Any] | None) -> Result:
+    if report is None:
+        raise CheckError("verify needs a verification report", field="verify")
+    checks = report.get("checks")
+    total = len(checks) if isinstance(checks, list) else int(checks or 0)
+    dtype = report.get("compute_dtype", "float64")
+    limit = f"every tensor matches one device ({dtype})"
+    if report.get("ok"):
+        return Result("verify", limit, f"{total} tensors match", True)
+    where = report.get("first_divergence") or "?"
+    return Result("verify", limit, f"{report.get('failed', '?')} of {total} tensors differ; "
+                  f"first at {where}", False)  # fmt: skip
 
 
 def _ms(seconds: float) -> str:

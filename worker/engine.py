@@ -274,25 +274,7 @@ def run_verify(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     plan = build({**inputs, "cluster": None}, progress, (0.0, 0.3))
     progress(0.3, "verify (reference and simulated step)")
     report = verify(plan, compute_dtype=inputs.get("compute_dtype", "float64"))
-    return {
-        "report": {
-            "ok": report.ok,
-            "compute_dtype": report.compute_dtype,
-            "first_divergence": report.first_divergence,
-            "summary": report.summary,
-            "failed": len(report.failed()),
-            "checks": [
-                {
-                    "name": c.name,
-                    "kind": c.kind,
-                    "max_abs": c.max_abs,
-                    "max_rel": c.max_rel,
-                    "ok": c.ok,
-                }
-                for c in report.checks
-            ],
-        }
-    }
+    return {"report": report.to_json()}
 
 
 def run_compare(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:

@@ -33,10 +33,10 @@ def search(index: GraphIndex, q: str, limit: int = MAX_SEARCH) -> list[dict[str,
     for path in _module_paths(index.tree, ""):
         consider("module", path)
     found.sort(key=lambda t: (t[0], t[1]))
-    return [_hit(index, kind, name) for _, _, kind, name in found[:limit]]
+    return [hit(index, kind, name) for _, _, kind, name in found[:limit]]
 
 
-def _hit(index: GraphIndex, kind: str, name: str) -> dict[str, Any]:
+def hit(index: GraphIndex, kind: str, name: str) -> dict[str, Any]:
     if kind == "module":
         return {"kind": kind, "name": name, "role": None, "scope": name, "detail": "module"}
     if kind == "value":

@@ -3,84 +3,248 @@ cluster, with budgets; `GET /api/checks/{id}` answers, once the plan is built, t
 of `shardlab.check` (every budget with its limit, the plan's figure, pass or fail) and its
 Markdown for a pull-request comment; `GET /api/checks/{id}/junit` the JUnit XML report.
 
+The model and strategy are stored ones (`model_id`, `strategy_id`) or given inline (`model`: a
+preset with overrides, `graph`: a graph document, `strategy`: mesh, templates, annotations,
+options), so a CI job of a fresh team needs only a token: what is given inline reuses the
+team's identical model or strategy version, or is stored in the check's one commit.
+
 The check's job is its plan's; the verdict is judged when asked, from the stored summaries
 of the plan and of its baseline, so it never disagrees with them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, Response
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import ledger
+from backend.baselines import baseline_of
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
-from backend.errors import ApiError
-from backend.orm import Check, Job, Model, Plan, Strategy
+from backend.errors import STATUS_BY_CODE, ApiError
+from backend.orm import Baseline, Check, Model, Plan, Strategy, Verification
+from backend.planning import check_plan, engine_strategy, queue_plan
 from backend.routers.clusters import resolve_cluster
-from backend.routers.plans import built_plan, check_plan, job_fields, job_of, owned
+from backend.routers.models import commit_or_conflict, document_model, preset_model
+from backend.routers.plans import built_plan, job_fields, job_of, owned
+from backend.routers.strategies import add_strategy_version
 from backend.schemas.common import PathId, errors
-from backend.schemas.jobs import CheckCreate, CheckOut, Created
-from shardlab.check import Budgets, CheckError, Verdict, figures, judge
+from backend.schemas.jobs import CheckCreate, CheckCreated, CheckOut
+from backend.schemas.resources import StrategyUpdate
+from backend.settings import Settings
+from shardlab.check import Budgets, CheckError, Verdict, check_verifiable, figures, judge
+from shardlab.errors import ShardlabError
 
 router = APIRouter(prefix="/api/checks", tags=["checks"])
 
 
-@router.post("", status_code=202, response_model=Created, responses=errors(401, 404, 422))
+@router.post(
+    "", status_code=202, response_model=CheckCreated, responses=errors(401, 404, 409, 413, 422)
+)
 def create_check(
     body: CheckCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    """Queue a check: its plan is built by a job, then judged against `budgets` (422 at once
-    for a mesh larger than the cluster, a regression budget without a baseline, a baseline
-    that is not a built plan of the team, or `verify`, which checks cannot do yet)."""
+    """Queue a check: its plan is built by a job, then judged against `budgets`. The model
+    and strategy are stored ones or given inline (stored with the check, or reused). 4xx at
+    once, storing nothing, for a model or strategy given twice or not at all, a bad preset,
+    graph or strategy, a mesh larger than the cluster, annotations that do not fit, a
+    regression budget without a baseline, a baseline that is not a built plan of the team,
+    or `verify` on a model too large to verify. Everything is committed at once at the end."""
     team = principal.team_id
-    budgets = body.budgets
-    if budgets.verify:
-        raise ApiError(422, "invalid_check", "budgets.verify: numeric verification is not "
-                       "available in checks yet (POST /api/verifications)",
-                       field="verify")  # fmt: skip
-    if budgets.max_regression_pct is not None and body.baseline_plan_id is None:
-        raise ApiError(422, "invalid_check", "budgets.max_regression_pct needs a "
-                       "baseline_plan_id", field="baseline_plan_id")  # fmt: skip
-    if body.baseline_plan_id is not None:
-        baseline = built_plan(session, team, body.baseline_plan_id)
-        try:
-            figures(baseline.summary or {})
-        except CheckError:
-            raise ApiError(422, "invalid_check", f"baseline plan {baseline.id} was built without "
-                           "a cluster: it has no step to compare with",
-                           field="baseline_plan_id") from None  # fmt: skip
-    model = owned(session, Model, team, body.model_id, "model")
-    strategy = owned(session, Strategy, team, body.strategy_id, "strategy")
-    spec = resolve_cluster(session, team, body.cluster)
-    check_plan(model, strategy, spec)
-    plan = Plan(team_id=team, model_id=model.id, strategy_id=strategy.id, cluster=body.cluster,
-                job_id=0)  # fmt: skip
-    job = ledger.enqueue(session, settings, team, "plan", {"cluster": spec})
-    plan.job_id = job.id
-    session.add(plan)
-    session.flush()
-    job.payload = {"plan_id": plan.id, "cluster": spec}
-    check = Check(team_id=team, plan_id=plan.id, baseline_plan_id=body.baseline_plan_id,
-                  budgets=budgets.model_dump(exclude={"verify"}))  # fmt: skip
+    _one_of(body, ("model_id", "model", "graph"), "model")
+    _one_of(body, ("strategy_id", "strategy"), "strategy")
+    _check_budgets(session, team, body)
+    with _about("cluster"):
+        spec = resolve_cluster(session, team, body.cluster)
+    model = _model(session, team, body, settings.max_graph_ops)
+    strategy = _strategy(session, team, body)
+    with _about("strategy"):  # a mesh larger than the cluster, annotations that do not fit
+        check_plan(model, strategy, spec)
+    baseline_plan_id = _baseline_plan(session, team, body, model)
+    plan, job = queue_plan(session, settings, model, strategy, body.cluster, spec,
+                           author_id=principal.user_id)  # fmt: skip
+    check = Check(team_id=team, plan_id=plan.id, baseline_plan_id=baseline_plan_id,
+                  budgets=body.budgets.model_dump())  # fmt: skip
+    if body.budgets.verify:
+        check.verification_id = _queue_verification(session, settings, model, strategy, plan)
     session.add(check)
-    session.commit()
-    return {"id": check.id, "job_id": job.id, "status": job.status}
+    commit_or_conflict(session, "a concurrent request stored the same model or strategy; "
+                       "retry the check")  # fmt: skip
+    return {"id": check.id, "job_id": job.id, "status": job.status, "model_id": model.id,
+            "strategy_id": strategy.id}  # fmt: skip
+
+
+# -- what a check names: model, strategy, budgets --------------------------------------------
+
+
+def _one_of(body: CheckCreate, fields: tuple[str, ...], field: str) -> None:
+    """422 naming `field` unless exactly one of `fields` is given."""
+    given = [name for name in fields if getattr(body, name) is not None]
+    if len(given) != 1:
+        which = " and ".join(given) if given else "none"
+        raise ApiError(422, "invalid_check", f"{field}: give exactly one of "
+                       f"{', '.join(fields)} (got {which})", field=field,
+                       given=given)  # fmt: skip
+
+
+def _check_budgets(session: Session, team: int, body: CheckCreate) -> None:
+    """422 for a baseline given twice and for a baseline plan built without a cluster;
+    404/409 for a baseline plan that is not a built plan of the team."""
+    if body.baseline_plan_id is not None and body.baseline is not None:
+        raise ApiError(422, "invalid_check", "baseline: give baseline_plan_id or baseline (a "
+                       "name), not both", field="baseline")  # fmt: skip
+    if body.baseline_plan_id is not None:
+        _costed_baseline(session, team, body.baseline_plan_id, "baseline_plan_id")
+
+
+def _costed_baseline(session: Session, team: int, plan_id: int, field: str) -> Plan:
+    baseline = built_plan(session, team, plan_id)
+    try:
+        figures(baseline.summary or {})
+    except CheckError:
+        raise ApiError(422, "invalid_check", f"baseline plan {baseline.id} was built without "
+                       "a cluster: it has no step to compare with",
+                       field=field) from None  # fmt: skip
+    return baseline
+
+
+def _baseline_plan(session: Session, team: int, body: CheckCreate, model: Model) -> int | None:
+    """The plan `max_regression_pct` compares with: `baseline_plan_id`, the baseline named
+    `baseline`, or (for a regression budget) the baseline of the model on the cluster. 422
+    naming `baseline` for an unknown name, or a regression budget with no baseline at all."""
+    if body.baseline_plan_id is not None:
+        return body.baseline_plan_id
+    if body.baseline is not None:
+        row = session.scalar(
+            select(Baseline).where(Baseline.team_id == team, Baseline.name == body.baseline)
+        )
+        if row is None:
+            names = session.scalars(
+                select(Baseline.name).where(Baseline.team_id == team).order_by(Baseline.name)
+            ).all()
+            raise ApiError(422, "invalid_check", f"baseline: the team has no baseline named "
+                           f"{body.baseline!r} (it has: {', '.join(names) or 'none'})",
+                           field="baseline", baseline=body.baseline)  # fmt: skip
+        return row.plan_id
+    if body.budgets.max_regression_pct is None:
+        return None
+    row = baseline_of(session, team, model.id, body.cluster)
+    if row is None:
+        raise ApiError(422, "invalid_check", "budgets.max_regression_pct needs a baseline: "
+                       "baseline_plan_id, baseline (a name), or a baseline of model "
+                       f"{model.name!r} on {body.cluster!r} (there is none)",
+                       field="baseline")  # fmt: skip
+    return row.plan_id
+
+
+def _queue_verification(
+    session: Session, settings: Settings, model: Model, strategy: Strategy, plan: Plan
+) -> int:
+    """Queue the verification `budgets.verify` reads (422 naming `verify` for a model too
+    large to verify); its job builds the plan itself, so it need not wait for the plan's."""
+    ranks = engine_strategy(strategy.mesh, strategy.templates, strategy.annotations,
+                            strategy.options).mesh.size  # fmt: skip
+    with _about("budgets"):
+        check_verifiable(int(model.summary.get("params", 0)), ranks)
+    job = ledger.enqueue(session, settings, plan.team_id, "verify", {})
+    verification = Verification(team_id=plan.team_id, plan_id=plan.id, job_id=job.id)
+    session.add(verification)
+    session.flush()
+    job.payload = {"verification_id": verification.id}
+    return verification.id
+
+
+def _model(session: Session, team: int, body: CheckCreate, limit: int) -> Model:
+    """The stored model `model_id`, or the team's model of `model` (a preset) or `graph`,
+    reused or added (flushed, not committed)."""
+    if body.model_id is not None:
+        model: Model = owned(session, Model, team, body.model_id, "model")
+        return model
+    if body.model is not None:
+        with _about("model"):
+            return preset_model(session, team, body.model.preset, body.model.overrides, limit)
+    with _about("graph"):
+        return document_model(session, team, body.graph, limit)
+
+
+def _strategy(session: Session, team: int, body: CheckCreate) -> Strategy:
+    """The stored version `strategy_id`, or the version of the inline `strategy`: the latest
+    of its name when identical, else the next one (added, flushed, not committed)."""
+    if body.strategy is None:
+        assert body.strategy_id is not None  # `_one_of`
+        row: Strategy = owned(session, Strategy, team, body.strategy_id, "strategy")
+        return row
+    given = body.strategy
+    name = given.name or _strategy_name(given.mesh, given.templates)
+    latest = session.scalars(
+        select(Strategy)
+        .where(Strategy.team_id == team, Strategy.name == name)
+        .order_by(Strategy.version.desc())
+        .limit(1)
+    ).first()
+    definition = StrategyUpdate.model_validate(given.model_dump(exclude={"name"}))
+    if latest is not None and _same(latest, definition):
+        return latest
+    version = latest.version + 1 if latest is not None else 1
+    with _about("strategy"):
+        return add_strategy_version(session, team, name, version, definition)
+
+
+def _strategy_name(mesh: str, templates: list[str]) -> str:
+    """A readable name for an unnamed inline strategy: 'dp=8,tp=8 dp+megatron_tp'."""
+    return " ".join(part for part in (mesh.strip(), "+".join(templates)) if part)[:200]
+
+
+def _same(row: Strategy, definition: StrategyUpdate) -> bool:
+    """Whether the stored version is `definition` (mesh, templates, annotations, options)."""
+    return (row.mesh, list(row.templates), list(row.annotations), dict(row.options)) == (
+        definition.mesh,
+        definition.templates,
+        definition.annotations,
+        definition.options,
+    )
+
+
+@contextmanager
+def _about(field: str) -> Iterator[None]:
+    """Errors of what `field` gave (an ApiError or the engine's) name it: the message starts
+    with `field: ` and the detail holds `field`."""
+    try:
+        yield
+    except ApiError as exc:
+        raise _named(field, exc.status, exc.code, exc.message, exc.detail) from None
+    except ShardlabError as exc:
+        status = STATUS_BY_CODE.get(exc.code, 422)
+        raise _named(field, status, exc.code, exc.message, exc.detail) from None
+
+
+def _named(field: str, status: int, code: str, message: str, detail: dict[str, Any]) -> ApiError:
+    error = ApiError(status, code, f"{field}: {message}")
+    error.detail = {**detail, "field": field}
+    return error
 
 
 @router.get("/{check_id}", response_model=CheckOut, responses=errors(401, 404, 422))
 def get_check(check_id: PathId, session: SessionDep, principal: PrincipalDep) -> dict[str, Any]:
-    """A check with its plan job's state and, once the plan is built, the verdict."""
-    check, plan, job = _owned_check(session, principal.team_id, check_id)
-    verdict = _verdict(session, check, plan) if job.status == "succeeded" else None
+    """A check with its jobs' state (the plan's and, with verify, the verification's) and,
+    once they are done, the verdict."""
+    check, plan, state, report = _owned_check(session, principal.team_id, check_id)
+    done = state["status"] == "succeeded"
+    verdict = _verdict(session, check, plan, report) if done else None
     return {
         "id": check.id,
         "plan_id": plan.id,
+        "model_id": plan.model_id,
+        "strategy_id": plan.strategy_id,
         "baseline_plan_id": check.baseline_plan_id,
         "budgets": check.budgets,
-        "job_id": job.id,
-        **job_fields(job),
+        "job_id": plan.job_id,
+        "verification_id": check.verification_id,
+        **state,
         "passed": verdict.passed if verdict else None,
         "verdict": verdict.to_json() if verdict else None,
         "markdown": verdict.markdown(link=_plan_url(plan)) if verdict else None,
@@ -91,27 +255,41 @@ def get_check(check_id: PathId, session: SessionDep, principal: PrincipalDep) ->
 
 @router.get("/{check_id}/junit", responses=errors(401, 404, 409, 422))
 def get_junit(check_id: PathId, session: SessionDep, principal: PrincipalDep) -> Response:
-    """The verdict as a JUnit XML report (409 until the plan is built)."""
-    check, plan, job = _owned_check(session, principal.team_id, check_id)
-    if job.status != "succeeded":
-        raise ApiError(409, "not_ready", f"check {check.id}'s plan is {job.status}",
-                       job_status=job.status)  # fmt: skip
-    return Response(_verdict(session, check, plan).junit(), media_type="application/xml")
+    """The verdict as a JUnit XML report (409 until the check's jobs are done)."""
+    check, plan, state, report = _owned_check(session, principal.team_id, check_id)
+    if state["status"] != "succeeded":
+        raise ApiError(409, "not_ready", f"check {check.id} is {state['status']}",
+                       job_status=state["status"])  # fmt: skip
+    return Response(_verdict(session, check, plan, report).junit(), media_type="application/xml")
 
 
-def _owned_check(session: Session, team_id: int, check_id: int) -> tuple[Check, Plan, Job]:
-    """The team's check (404 otherwise), its plan and the plan's job."""
+def _owned_check(
+    session: Session, team_id: int, check_id: int
+) -> tuple[Check, Plan, dict[str, Any], dict[str, Any] | None]:
+    """The team's check (404 otherwise), its plan, the state of its jobs as one (the first
+    that failed, else the first still queued or running, else done; the mean progress), and
+    its verification report once there is one."""
     check: Check = owned(session, Check, team_id, check_id, "check")
     plan = session.get(Plan, check.plan_id)
     assert plan is not None  # the plan's deletion deletes its checks
-    return check, plan, job_of(session, plan.job_id)
+    jobs = [job_of(session, plan.job_id)]
+    verification = (
+        session.get(Verification, check.verification_id) if check.verification_id else None
+    )
+    if verification is not None:
+        jobs.append(job_of(session, verification.job_id))
+    failed = next((j for j in jobs if j.status in ("failed", "cancelled", "timed_out")), None)
+    busy = next((j for j in jobs if j.status in ("queued", "running")), None)
+    state = job_fields(failed or busy or jobs[0])
+    state["progress"] = sum(j.progress for j in jobs) / len(jobs)
+    return check, plan, state, verification.report if verification is not None else None
 
 
-def _verdict(session: Session, check: Check, plan: Plan) -> Verdict:
+def _verdict(session: Session, check: Check, plan: Plan, report: dict[str, Any] | None) -> Verdict:
     baseline = session.get(Plan, check.baseline_plan_id) if check.baseline_plan_id else None
     try:
         return judge(plan.summary or {}, Budgets(**check.budgets),
-                     baseline.summary if baseline is not None else None)  # fmt: skip
+                     baseline.summary if baseline is not None else None, report)  # fmt: skip
     except CheckError as exc:
         raise ApiError(422, exc.code, exc.message, **exc.detail) from None
 

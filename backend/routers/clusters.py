@@ -15,9 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.deps import PrincipalDep, SessionDep
-from backend.errors import ApiError
+from backend.errors import ApiError, user_input
 from backend.orm import Cluster as ClusterRow
-from backend.routers.models import commit_or_conflict, user_input
+from backend.routers.models import commit_or_conflict
 from backend.schemas.resources import ClusterCreate, ClusterDetail, ClusterOut
 from shardlab.cost.clusters import FAMILIES, Cluster, cluster_from_dict, load_cluster, preset_names
 from shardlab.errors import ClusterError

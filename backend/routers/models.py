@@ -7,8 +7,7 @@ graph is built, validated against the op catalog and summarized.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -19,7 +18,7 @@ from sqlalchemy.orm import Session, defer
 
 from backend.blobs import pack, unpack
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
-from backend.errors import ApiError, not_found
+from backend.errors import ApiError, not_found, user_input
 from backend.module_tree import module_tree
 from backend.orm import Model, Plan
 from backend.pagination import Page
@@ -28,8 +27,8 @@ from backend.schemas.resources import ModelCreate, ModelDetail, ModelOut, Module
 from shardlab.errors import GraphError, PresetError
 from shardlab.graph_json import graph_from_json, graph_to_json
 from shardlab.ir import Graph
-from shardlab.models import get_preset
-from shardlab.models.config import TransformerConfig, apply_overrides
+from shardlab.models import Preset, get_preset
+from shardlab.models.config import ModelConfig, TransformerConfig, apply_overrides
 from shardlab.summary import model_summary
 from shardlab.validate import validate_graph
 
@@ -41,19 +40,20 @@ UPLOAD_TYPES = ("application/json", "application/octet-stream")
 # -- helpers shared by the resource routers -------------------------------------------------
 
 
-@contextmanager
-def user_input(code: str, what: str, **detail: Any) -> Iterator[None]:
-    """Turn a parsing error on user data (ValueError, KeyError, ...) into a 422 naming `what`."""
-    try:
-        yield
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise ApiError(422, code, f"{what}: {exc}", **detail) from None
-
-
 def commit_or_conflict(session: Session, message: str, **detail: Any) -> None:
     """Commit; a unique-constraint violation (a concurrent create) becomes 409 `conflict`."""
     try:
         session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise ApiError(409, "conflict", message, **detail) from None
+
+
+def flush_or_conflict(session: Session, message: str, **detail: Any) -> None:
+    """Flush what was added (the caller commits it later with everything else); a
+    unique-constraint violation (a concurrent create) rolls back and becomes 409 `conflict`."""
+    try:
+        session.flush()
     except IntegrityError:
         session.rollback()
         raise ApiError(409, "conflict", message, **detail) from None
@@ -72,13 +72,22 @@ def _too_large(ops: int, limit: int, about: str = "") -> ApiError:
     )
 
 
+def _preset_config(preset: str, overrides: dict[str, Any]) -> tuple[Preset, ModelConfig]:
+    """The preset and its config with `overrides` applied; an unknown preset is the engine's
+    404 naming it, a bad override 422 naming the key."""
+    base = get_preset(preset)
+    try:
+        with user_input("invalid_override", f"overrides of preset {preset!r}", preset=preset):
+            return base, apply_overrides(base.config, overrides, preset)
+    except PresetError as exc:
+        raise ApiError(422, "invalid_override", exc.message, preset=preset, **exc.detail) from None
+
+
 def _preset_graph(preset: str, overrides: dict[str, Any], limit: int) -> Graph:
     """Build a preset; bad overrides are 422 naming the key; oversized layer counts are
     refused (413) from an estimate before the full graph is built."""
-    base = get_preset(preset)  # unknown preset: the engine's 404 naming it
+    base, config = _preset_config(preset, overrides)
     try:
-        with user_input("invalid_override", f"overrides of preset {preset!r}", preset=preset):
-            config = apply_overrides(base.config, overrides, preset)
         if isinstance(config, TransformerConfig) and config.layers > 2:
             one, two = (len(base.build({**overrides, "layers": n}).ops) for n in (1, 2))
             estimate = one + (config.layers - 1) * (two - one)
@@ -109,10 +118,11 @@ def _summary(graph: Graph) -> dict[str, Any]:
     return summary
 
 
-def _store(
+def add_model(
     session: Session, team_id: int, name: str, graph: Graph, source: str, **fields: Any
 ) -> Model:
-    """Insert the model (one commit, after everything above succeeded)."""
+    """Add the model (summarized, packed) and flush it, without committing: the caller
+    commits it with whatever else it adds. A name taken in the team is 409 `conflict`."""
     taken = select(Model.id).where(Model.team_id == team_id, Model.name == name)
     if session.scalar(taken) is not None:
         raise ApiError(409, "conflict", f"a model named {name!r} already exists", name=name)
@@ -126,8 +136,75 @@ def _store(
         **fields,
     )
     session.add(row)
+    flush_or_conflict(session, f"a model named {name!r} already exists", name=name)
+    return row
+
+
+def _store(
+    session: Session, team_id: int, name: str, graph: Graph, source: str, **fields: Any
+) -> Model:
+    """Insert the model (one commit, after everything above succeeded)."""
+    row = add_model(session, team_id, name, graph, source, **fields)
     commit_or_conflict(session, f"a model named {name!r} already exists", name=name)
     return row
+
+
+# -- finding or adding the model a check names ---------------------------------------------
+
+
+def preset_model(
+    session: Session, team_id: int, preset: str, overrides: dict[str, Any], limit: int
+) -> Model:
+    """The team's model of `preset` with `overrides` (equal configs: `{"layers": "4"}` is
+    `{"layers": 4}`), or a new one added (not committed) named after them, e.g.
+    `llama3-8b (layers=4)`, so repeated CI checks reuse one row."""
+    _, config = _preset_config(preset, overrides)
+    query = (
+        select(Model)
+        .where(Model.team_id == team_id, Model.source == "preset", Model.preset == preset)
+        .options(defer(Model.graph_blob))
+        .order_by(Model.id)
+    )
+    for row in session.scalars(query):
+        if _config_of(preset, row.overrides) == config:
+            return row
+    graph = _preset_graph(preset, overrides, limit)
+    shown = ", ".join(f"{key}={getattr(config, key)}" for key in overrides)
+    name = free_model_name(session, team_id, f"{preset} ({shown})" if shown else preset)
+    return add_model(session, team_id, name, graph, "preset", preset=preset, overrides=overrides)
+
+
+def document_model(session: Session, team_id: int, data: Any, limit: int) -> Model:
+    """The team's model whose stored graph is byte-identical to the graph document `data`,
+    or a new one added (not committed), named after the graph."""
+    graph = _document_graph(data, limit)
+    blob, _ = pack(graph_to_json(graph))
+    same = select(Model).where(Model.team_id == team_id, Model.graph_blob == blob)
+    found = session.scalars(same.order_by(Model.id)).first()
+    if found is not None:
+        return found
+    name = free_model_name(session, team_id, graph.name.strip() or "graph")
+    return add_model(session, team_id, name, graph, "json")
+
+
+def free_model_name(session: Session, team_id: int, base: str) -> str:
+    """`base` (cut to fit the name column), or `base #2`, `#3`, ... if the team has it."""
+    base = base[:190]
+    names = select(Model.name).where(Model.team_id == team_id, Model.name.startswith(base))
+    taken = set(session.scalars(names))
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base} #{n}"
+    return name
+
+
+def _config_of(preset: str, overrides: dict[str, Any]) -> ModelConfig | None:
+    """The config a stored model's overrides give now; None if they no longer apply."""
+    try:
+        return apply_overrides(get_preset(preset).config, overrides, preset)
+    except (PresetError, ValueError, KeyError, TypeError):
+        return None
 
 
 # -- reading --------------------------------------------------------------------------------

@@ -85,7 +85,9 @@ def _program_row(session: Session, plan: Plan) -> int:
     return int(row)
 
 
-def _index(session: Session, principal: Any, plan_id: int) -> tuple[tuple[int, int], GraphIndex]:
+def plan_index(
+    session: Session, principal: Any, plan_id: int
+) -> tuple[tuple[int, int], GraphIndex]:
     """The team's built plan, indexed (404/409 as for the plan's other views)."""
     plan = built_plan(session, principal.team_id, plan_id)
     key = (plan.id, _program_row(session, plan))
@@ -112,7 +114,7 @@ def get_graph(
     layers folded into one node with `repeat`) and the scope's own ops as nodes; value flow
     between them as edges with specs; communication ops as badges on those edges with why
     they exist. 404 names a scope the program does not have."""
-    key, index = _index(session, principal, plan_id)
+    key, index = plan_index(session, principal, plan_id)
 
     def make() -> dict[str, Any]:
         try:
@@ -140,7 +142,7 @@ def search_graph(
     """Up to 50 ops, collectives, values and modules whose name contains `q` (case does not
     matter; exact and prefix matches first), each with the scope to open to see it; none for
     an empty `q`."""
-    _, index = _index(session, principal, plan_id)
+    _, index = plan_index(session, principal, plan_id)
     return {"plan_id": plan_id, "q": q, "results": search(index, q, MAX_SEARCH)}
 
 
@@ -150,7 +152,7 @@ def get_graph_op(
 ) -> dict[str, Any]:
     """One op of the program for the graph's side panel: kind, role, scope, the rule's
     reason, and per input and output its spec, global shape and per-rank block shape."""
-    key, index = _index(session, principal, plan_id)
+    key, index = plan_index(session, principal, plan_id)
     if name not in index.by_name:
         raise ApiError(
             404, "not_found", f"plan {plan_id} has no op {name!r}", resource="op", name=name

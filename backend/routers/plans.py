@@ -10,27 +10,26 @@ or do not divide a dim evenly. Once the job succeeded, the plan's summary and ar
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from backend import blobs, ledger
+from backend import blobs, ledger, reviews
+from backend.baselines import baseline_names, comparison
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
-from backend.orm import Artifact, Job, Model, Plan, Strategy
+from backend.orm import Artifact, Job, Model, Plan, ReviewRequest, Strategy
 from backend.pagination import Page
 from backend.plan_graph.index import collective_json
+from backend.planning import check_plan, queue_plan
 from backend.routers.clusters import resolve_cluster
-from backend.routers.strategies import engine_strategy
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, PlanCreate, PlanOut
-from shardlab.autodiff import training_graph
-from shardlab.cost.clusters import check_mesh_fits, cluster_from_dict
-from shardlab.graph_json import graph_from_json
-from shardlab.spmd.constraints import resolve_annotations
 
 router = APIRouter(prefix="/api/plans", tags=["plans"])
 
@@ -112,36 +111,51 @@ def artifact_row(session: Session, plan: Plan, kind: str) -> Artifact:
     return row
 
 
-def _plan_out(session: Session, plan: Plan) -> dict[str, Any]:
+@dataclass
+class Labels:
+    """Names a plan's view shows for its ids, looked up once for a whole page of plans."""
+
+    users: dict[int, str]
+    models: dict[int, str]
+    strategies: dict[int, str]
+
+    @classmethod
+    def of(cls, session: Session, plans: Sequence[Plan]) -> Labels:
+        models = select(Model.id, Model.name).where(Model.id.in_({p.model_id for p in plans}))
+        versions = select(Strategy.id, Strategy.name, Strategy.version).where(
+            Strategy.id.in_({p.strategy_id for p in plans})
+        )
+        return cls(
+            users=reviews.user_names(session, [p.author_id for p in plans]),
+            models={int(i): str(n) for i, n in session.execute(models)},
+            strategies={int(i): f"{n} v{v}" for i, n, v in session.execute(versions)},
+        )
+
+
+def _plan_out(
+    session: Session, plan: Plan, labels: Labels | None = None, compare: bool = False
+) -> dict[str, Any]:
+    """The response form of a plan; `labels` saves the name lookups per row in lists;
+    `compare` adds the comparison with its baseline (one plan's view, not lists)."""
     job = job_of(session, plan.job_id)
+    labels = labels or Labels.of(session, [plan])
+    summary = plan.summary if job.status == "succeeded" else None
     return {
         "id": plan.id,
         "model_id": plan.model_id,
+        "model": labels.models.get(plan.model_id),
         "strategy_id": plan.strategy_id,
+        "strategy": labels.strategies.get(plan.strategy_id),
         "cluster": plan.cluster,
         "job_id": plan.job_id,
         **job_fields(job),
-        "summary": plan.summary if job.status == "succeeded" else None,
+        "summary": summary,
+        "author": labels.users.get(plan.author_id) if plan.author_id else None,
+        "review_state": plan.review_state,
+        "baseline": (comparison(session, plan, summary) or None) if compare else None,
+        "baseline_of": baseline_names(session, plan) if compare else [],
         "created_at": ledger.iso(plan.created_at),
     }
-
-
-def check_plan(model: Model, row: Strategy, spec: dict[str, Any] | None) -> None:
-    """Refuse at once what the worker would fail on before its first pass, with the engine's
-    own errors: a mesh larger than the cluster (as `cost_program`), and annotations (the
-    templates' and the user's) that match no value or do not divide a dim evenly. This runs
-    `resolve_annotations` on the training graph the worker builds, so the check and the
-    worker cannot disagree; for llama3-8b (32 layers) it costs about 0.1 s."""
-    strategy = engine_strategy(row.mesh, row.templates, row.annotations, row.options)
-    mesh = strategy.mesh
-    if spec is not None:
-        cluster = cluster_from_dict(spec)
-        check_mesh_fits(mesh, cluster)
-    graph = graph_from_json(blobs.unpack(model.graph_blob))
-    options = strategy.options  # checked by `Strategy.build`
-    optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
-    training = training_graph(graph, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
-    resolve_annotations(training, strategy)
 
 
 @router.post("", status_code=202, response_model=Created, responses=errors(401, 404, 422))
@@ -156,23 +170,13 @@ def create_plan(
     strategy = owned(session, Strategy, team, body.strategy_id, "strategy")
     spec = resolve_cluster(session, team, body.cluster) if body.cluster else None
     check_plan(model, strategy, spec)
-    plan = Plan(
-        team_id=team,
-        model_id=body.model_id,
-        strategy_id=body.strategy_id,
-        cluster=body.cluster,
-        job_id=0,
-    )
-    job = ledger.enqueue(session, settings, team, "plan", {"cluster": spec})
-    plan.job_id = job.id
-    session.add(plan)
-    session.flush()
-    job.payload = {"plan_id": plan.id, "cluster": spec}
+    plan, job = queue_plan(session, settings, model, strategy, body.cluster, spec,
+                           author_id=principal.user_id)  # fmt: skip
     session.commit()
     return {"id": plan.id, "job_id": job.id, "status": job.status}
 
 
-@router.get("", response_model=list[PlanOut], responses=errors(401, 422))
+@router.get("", response_model=list[PlanOut], responses=errors(401, 403, 422))
 def list_plans(
     session: SessionDep,
     principal: PrincipalDep,
@@ -184,9 +188,24 @@ def list_plans(
     cluster: Annotated[
         str | None, Query(max_length=100, description="Only plans on this cluster.")
     ] = None,
+    author: Annotated[
+        str | None, Query(max_length=100, description='Only plans by this member ("me": you).')
+    ] = None,
+    review_state: Annotated[
+        Literal["none", "pending", "changes_requested", "approved"] | None,
+        Query(description="Only plans in this review state."),
+    ] = None,
+    reviewer: Annotated[
+        str | None,
+        Query(
+            max_length=100,
+            description='Only plans waiting for this member\'s review ("me": "waiting for my '
+            'review").',
+        ),
+    ] = None,
 ) -> list[dict[str, Any]]:
     """The team's plans, newest first, a page at a time (`pagination`), filtered by model,
-    strategy version or cluster."""
+    strategy version, cluster, author, review state, or a reviewer who has not decided."""
     query = select(Plan).where(Plan.team_id == principal.team_id)
     if model_id is not None:
         query = query.where(Plan.model_id == model_id)
@@ -194,16 +213,47 @@ def list_plans(
         query = query.where(Plan.strategy_id == strategy_id)
     if cluster is not None:
         query = query.where(Plan.cluster == cluster)
+    if author is not None:
+        query = query.where(Plan.author_id == reviews.member_id(session, principal, author))
+    if review_state is not None:
+        query = query.where(Plan.review_state == review_state)
+    if reviewer is not None:
+        waiting = select(ReviewRequest.plan_id).where(
+            ReviewRequest.reviewer_id == reviews.member_id(session, principal, reviewer),
+            ReviewRequest.state == "pending",
+        )
+        query = query.where(Plan.id.in_(waiting))
     rows = page.rows(session, query.order_by(Plan.id.desc()))
     # one query for every plan's job: `job_of` then finds them in the session
     session.scalars(select(Job).where(Job.id.in_([plan.job_id for plan in rows]))).all()
-    return [_plan_out(session, plan) for plan in rows]
+    labels = Labels.of(session, rows)
+    return [_plan_out(session, plan, labels) for plan in rows]
 
 
 @router.get("/{plan_id}", response_model=PlanOut, responses=errors(401, 404, 422))
 def get_plan(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> dict[str, Any]:
-    """A plan with its job's state and, once built, its summary."""
-    return _plan_out(session, owned(session, Plan, principal.team_id, plan_id, "plan"))
+    """A plan with its job's state, its review state and, once built, its summary and its
+    comparison with the baseline of its model and cluster (`baseline`, if there is one)."""
+    plan = owned(session, Plan, principal.team_id, plan_id, "plan")
+    return _plan_out(session, plan, compare=True)
+
+
+@router.delete("/{plan_id}", status_code=204, responses=errors(401, 403, 404, 409, 422))
+def delete_plan(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> Response:
+    """Delete a plan with its artifacts, reviews, checks and baselines; only an admin or the
+    plan's author may (403), and not while its job is queued or running (409)."""
+    plan: Plan = owned(session, Plan, principal.team_id, plan_id, "plan")
+    if not reviews.may_delete(principal, plan):
+        raise ApiError(403, "forbidden", f"only an admin or the author of plan {plan.id} may "
+                       "delete it", field="plan_id")  # fmt: skip
+    job = job_of(session, plan.job_id)
+    if job.status in ("queued", "running"):
+        raise ApiError(409, "conflict", f"plan {plan.id} is being built (job {job.id} is "
+                       f"{job.status}): cancel the job first", job_id=job.id)  # fmt: skip
+    session.execute(delete(Artifact).where(Artifact.owner == "plan", Artifact.owner_id == plan.id))
+    session.delete(plan)
+    session.commit()
+    return Response(status_code=204)
 
 
 @router.get("/{plan_id}/program", responses=errors(401, 404, 409, 422))

@@ -12,49 +12,18 @@ from fastapi import APIRouter
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.deps import PrincipalDep, SessionDep
+from backend.baselines import plan_against_baselines
+from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
 from backend.orm import Strategy as StrategyRow
 from backend.pagination import Page
-from backend.routers.models import commit_or_conflict, user_input
+from backend.planning import engine_strategy
+from backend.routers.models import flush_or_conflict
 from backend.schemas.common import PathId
 from backend.schemas.resources import StrategyCreate, StrategyOut, StrategyUpdate
 from shardlab.errors import ShardlabError
-from shardlab.passes.manager import resolve_passes
-from shardlab.strategy import Strategy
 
 router = APIRouter(prefix="/api/strategies", tags=["strategies"])
-
-#: The most devices a mesh may have (the engine lists every rank of a mesh).
-MAX_MESH_DEVICES = 1 << 20
-
-
-def _check_mesh_size(mesh: str) -> None:
-    """Refuse absurd meshes before the engine enumerates their ranks."""
-    devices = 1
-    for token in mesh.split(","):
-        size = token.partition("=")[2].strip()
-        if size.isascii() and size.isdigit():
-            devices *= int(size) if len(size) <= 9 else MAX_MESH_DEVICES + 1
-        if devices > MAX_MESH_DEVICES:
-            raise ApiError(
-                422,
-                "invalid_mesh",
-                f"mesh {mesh!r} has more than {MAX_MESH_DEVICES} devices",
-                mesh=mesh,
-                limit=MAX_MESH_DEVICES,
-            )
-
-
-def engine_strategy(
-    mesh: str, templates: list[str], annotations: list[str], options: dict[str, Any]
-) -> Strategy:
-    """The engine's Strategy; its errors name the mesh axis, template, annotation or pass."""
-    _check_mesh_size(mesh)
-    with user_input("invalid_strategy", "invalid strategy"):
-        strategy = Strategy.build(mesh, templates, annotations, options)
-        resolve_passes(options.get("passes"))
-    return strategy
 
 
 def owned_strategy(session: Session, team_id: int, strategy_id: int) -> StrategyRow:
@@ -87,9 +56,12 @@ def strategy_out(row: StrategyRow) -> dict[str, Any]:
     }
 
 
-def _insert(
+def add_strategy_version(
     session: Session, team_id: int, name: str, version: int, body: StrategyUpdate | StrategyCreate
 ) -> StrategyRow:
+    """Validate `body` with the engine, add it as `version` of strategy `name` and flush it,
+    without committing: the caller commits it with whatever else it adds. A version that
+    exists already (a concurrent edit) is 409 `conflict`."""
     engine_strategy(body.mesh, body.templates, body.annotations, body.options)
     row = StrategyRow(
         team_id=team_id,
@@ -101,7 +73,7 @@ def _insert(
         options=body.options,
     )
     session.add(row)
-    commit_or_conflict(
+    flush_or_conflict(
         session, f"strategy {name!r} version {version} already exists", name=name, version=version
     )
     return row
@@ -128,21 +100,33 @@ def create_strategy(
             f"a strategy named {body.name!r} already exists; edit it (PUT) for a new version",
             name=body.name,
         )
-    return strategy_out(_insert(session, principal.team_id, body.name, 1, body))
+    row = add_strategy_version(session, principal.team_id, body.name, 1, body)
+    session.commit()
+    return strategy_out(row)
 
 
 @router.put("/{strategy_id}", response_model=StrategyOut)
 def update_strategy(
-    strategy_id: PathId, body: StrategyUpdate, session: SessionDep, principal: PrincipalDep
+    strategy_id: PathId,
+    body: StrategyUpdate,
+    session: SessionDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
 ) -> dict[str, Any]:
-    """Save an edit as the next version of the strategy's name (older versions stay)."""
+    """Save an edit as the next version of the strategy's name (older versions stay). Where a
+    baseline was planned with an earlier version, the new one is planned on the baseline's
+    model and cluster in the same transaction (`baseline_plans`), so its plan shows the
+    comparison with the baseline once built."""
     row = owned_strategy(session, principal.team_id, strategy_id)
     latest = session.scalar(
         select(func.max(StrategyRow.version)).where(
             StrategyRow.team_id == principal.team_id, StrategyRow.name == row.name
         )
     )
-    return strategy_out(_insert(session, principal.team_id, row.name, (latest or 0) + 1, body))
+    new = add_strategy_version(session, principal.team_id, row.name, (latest or 0) + 1, body)
+    queued = plan_against_baselines(session, settings, new, principal.user_id)
+    session.commit()
+    return {**strategy_out(new), "baseline_plans": queued}
 
 
 @router.get("", response_model=list[StrategyOut])

@@ -67,7 +67,9 @@ class PlanOut(BaseModel):
 
     id: int
     model_id: RowId
+    model: str | None = Field(description="The model's name.")
     strategy_id: RowId
+    strategy: str | None = Field(description='The strategy version, "name v<version>".')
     cluster: str | None
     job_id: int
     status: JobStatus
@@ -75,6 +77,16 @@ class PlanOut(BaseModel):
     message: str
     error: dict[str, Any] | None
     summary: dict[str, Any] | None = Field(description="Plan.summary() once built.")
+    author: str | None = Field(description="Who asked for the plan (None: a team token).")
+    review_state: Literal["none", "pending", "changes_requested", "approved"]
+    baseline: dict[str, Any] | None = Field(
+        None,
+        description="One plan's view: its baseline (model and cluster) and, once both are "
+        "built, their figures with the change in percent (`backend.baselines.comparison`).",
+    )
+    baseline_of: list[str] = Field(
+        default_factory=list, description="One plan's view: the baselines this plan is."
+    )
     created_at: str | None
 
 
@@ -174,20 +186,79 @@ class CheckBudgets(_Request):
     )
     min_mfu: float | None = Field(default=None, ge=0, le=1, description="Least MFU, a fraction.")
     verify: bool = Field(
-        default=False, description="Verify numerically (not available in checks yet)."
+        default=False,
+        description="Verify one training step on the simulated mesh against one device "
+        "(refused for models too large to verify: `shardlab.check.verification_bytes`).",
+    )
+
+
+class CheckModel(_Request):
+    """A check's model by preset: the team's model of the same preset and overrides is
+    reused, else one is stored (named e.g. 'llama3-8b (layers=4)')."""
+
+    preset: str = Field(
+        min_length=1, max_length=100, description="Preset name, e.g. 'llama3-8b' (GET /api/presets)"
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Preset settings to change, e.g. {'layers': 2}."
+    )
+
+
+class CheckStrategy(_Request):
+    """A check's strategy inline: the latest version of `name` is reused when identical, a
+    differing one adds the next version, a new name gets version 1."""
+
+    name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="The strategy's name (default: from mesh and templates, "
+        "e.g. 'dp=8,tp=8 dp+megatron_tp').",
+    )
+    mesh: str = Field(min_length=1, max_length=200, description="Mesh, e.g. 'dp=2,tp=4'.")
+    templates: list[str] = Field(
+        default_factory=list, description="Templates on mesh axes, e.g. ['megatron_tp:tp']."
+    )
+    annotations: list[str] = Field(
+        default_factory=list, description="Annotations, e.g. ['tokens=dp:S(0)']."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Options, as POST /api/strategies takes them."
     )
 
 
 class CheckCreate(_Request):
-    """Check a stored model under a stored strategy version on a cluster against budgets."""
+    """Check a model under a strategy version on a cluster against budgets. The model is one
+    of `model_id` (stored), `model` (a preset with overrides) or `graph` (a graph document);
+    the strategy one of `strategy_id` (stored) or `strategy` (inline). What a check names
+    inline is stored with it (or reused), so a fresh team checks with only a token."""
 
-    model_id: RowId
-    strategy_id: RowId
+    model_id: RowId | None = Field(None, description="A stored model of the team.")
+    model: CheckModel | None = Field(None, description="A preset with overrides.")
+    graph: dict[str, Any] | None = Field(
+        None, description="A graph document in the 'shardlab.graph/1' format."
+    )
+    strategy_id: RowId | None = Field(None, description="A stored strategy version.")
+    strategy: CheckStrategy | None = Field(None, description="A strategy given inline.")
     cluster: str = Field(min_length=1, max_length=100, description="Cluster preset or name.")
     baseline_plan_id: RowId | None = Field(
         None, description="A built plan of the team: the step max_regression_pct compares with."
     )
+    baseline: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="A baseline of the team by name (instead of baseline_plan_id). With "
+        "neither, max_regression_pct compares with the baseline of the model on the cluster.",
+    )
     budgets: CheckBudgets = Field(default_factory=lambda: CheckBudgets())
+
+
+class CheckCreated(Created):
+    """A queued check, with the model and strategy version it plans (stored or reused)."""
+
+    model_id: int
+    strategy_id: int
 
 
 class CheckOut(BaseModel):
@@ -196,10 +267,13 @@ class CheckOut(BaseModel):
 
     id: int
     plan_id: int
+    model_id: int = Field(description="The model planned (given, or stored or reused).")
+    strategy_id: int = Field(description="The strategy version planned (likewise).")
     baseline_plan_id: int | None
     budgets: dict[str, Any]
     job_id: int
-    status: JobStatus
+    verification_id: int | None = Field(description="With budgets.verify: its verification.")
+    status: JobStatus = Field(description="Of the plan's job and, with verify, the verification's.")
     progress: float
     message: str
     error: dict[str, Any] | None = Field(description="{code, message, detail} of a failed plan.")

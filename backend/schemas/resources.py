@@ -147,6 +147,12 @@ class StrategyOut(BaseModel):
     options: dict[str, Any]
     created_at: UtcDatetime
     describe: str = Field(description="One-line description from the engine.")
+    baseline_plans: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="After an edit: the plans of the new version queued against the "
+        "baselines an earlier version made ({baseline, baseline_plan_id, plan_id, job_id}, or "
+        "{baseline, error} where the new version cannot plan that model on that cluster).",
+    )
 
 
 # -- clusters -----------------------------------------------------------------------------

@@ -1,20 +1,21 @@
 """`shardlab check`: a CI gate. A plan judged against budgets (`shardlab.check`), built in this
-process (`--local MODEL --mesh ...`) or by a Shardlab service (`--server URL --token T
---model-id N --strategy-id M`, `check_remote`): prints the verdict as Markdown for a
-pull-request comment, writes a JUnit XML report, and exits 0 when every budget holds, 1 when
-one does not, 2 on any other error (a bad flag, a model that cannot be planned, a service
-that refuses)."""
+process (`--local MODEL --mesh ...`) or by a Shardlab service (`--server URL --token T`, the
+model by `--model-id N` or `--preset NAME --set k=v`, the strategy by `--strategy-id M` or
+inline by `--mesh --template --annotate ...`; `check_remote`): prints the verdict as
+Markdown for a pull-request comment, writes a JUnit XML report, and exits 0 when every
+budget holds, 1 when one does not, 2 on any other error (a bad flag, a model that cannot be
+planned, a service that refuses)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from shardlab.check import Budgets, judge
-from shardlab.cli.check_remote import run_remote_check
+from shardlab.check import Budgets, check_verifiable, judge
+from shardlab.cli.check_remote import model_ref, run_remote_check, strategy_ref
 from shardlab.cli.common import (
     AnnotateOption,
     JsonFlag,
@@ -27,6 +28,10 @@ from shardlab.cli.common import (
 )
 from shardlab.cli.plan_cmd import pipelined
 from shardlab.errors import ShardlabError
+from shardlab.models import parse_overrides
+
+if TYPE_CHECKING:
+    from shardlab.plan import Plan
 
 #: Exit status for anything but a verdict: CI tells a broken job from a failed budget.
 ERROR_EXIT = 2
@@ -50,8 +55,16 @@ def check_cmd(
         str | None, typer.Option(envvar="SHARDLAB_TOKEN", help="API token (--server).")
     ] = None,
     model_id: Annotated[int | None, typer.Option(help="With --server: a stored model.")] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(help="With --server: the model by preset (with --set), stored or reused."),
+    ] = None,
     strategy_id: Annotated[
         int | None, typer.Option(help="With --server: a stored strategy version.")
+    ] = None,
+    strategy_name: Annotated[
+        str | None,
+        typer.Option(help="With --server --mesh: the strategy's name (default: mesh+templates)."),
     ] = None,
     baseline_plan_id: Annotated[
         int | None, typer.Option(help="With --server: the built plan to compare with.")
@@ -82,6 +95,16 @@ def check_cmd(
         int | None, typer.Option(help="Most ops on the replicated fallback.")
     ] = None,
     min_mfu: Annotated[float | None, typer.Option(help="Least MFU, a fraction (0.4).")] = None,
+    verify: Annotated[
+        bool, typer.Option(help="Verify one training step against one device (small models).")
+    ] = False,
+    baseline_name: Annotated[
+        str | None,
+        typer.Option(
+            help="--server: the team's baseline to compare with (default: the "
+            "baseline of the model on the cluster, if any)."
+        ),
+    ] = None,
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -91,19 +114,28 @@ def check_cmd(
 
     try:
         budgets = Budgets(must_fit, max_step_time_s, max_regression_pct, max_fallback_ops,
-                          min_mfu)  # fmt: skip
+                          min_mfu, verify)  # fmt: skip
         if local == (server is not None):
             raise ShardlabError("say where to build the plan: --local MODEL --mesh ..., or "
-                                "--server URL --token T --model-id N --strategy-id M")  # fmt: skip
+                                "--server URL --token T (--model-id N or --preset NAME) "
+                                "(--strategy-id M or --mesh ...)")  # fmt: skip
         if server is not None:
-            if token is None or model_id is None or strategy_id is None:
-                raise ShardlabError("--server needs --token (or SHARDLAB_TOKEN), --model-id "
-                                    "and --strategy-id")  # fmt: skip
+            if token is None:
+                raise ShardlabError("--server needs --token (or SHARDLAB_TOKEN)")
+            if model is not None:
+                raise ShardlabError("with --server name the model by --preset or --model-id")
+            definition = {
+                "templates": template or [],
+                "annotations": annotate or [],
+                "options": _inline_options(mesh, recompute, schedule, microbatches,
+                                           virtual_stages),
+            }  # fmt: skip
             body = {
-                "model_id": model_id,
-                "strategy_id": strategy_id,
+                **model_ref(model_id, preset, parse_overrides(set_ or [])),
+                **strategy_ref(strategy_id, mesh, strategy_name, definition),
                 "cluster": cluster,
                 "baseline_plan_id": baseline_plan_id,
+                "baseline": baseline_name,
                 "budgets": {k: v for k, v in vars(budgets).items() if v is not None},
             }
             check, report = run_remote_check(server, token, body, timeout)
@@ -112,6 +144,10 @@ def check_cmd(
         else:
             if model is None or mesh is None:
                 raise ShardlabError("--local needs a MODEL and --mesh")
+            if preset is not None or strategy_name is not None or baseline_name is not None:
+                raise ShardlabError("--preset, --strategy-name and --baseline-name are for "
+                                    "--server; with --local the MODEL argument names the "
+                                    "preset and --baseline a plan file")  # fmt: skip
             if max_regression_pct is not None and baseline is None:
                 raise ShardlabError("--max-regression-pct needs --baseline PLAN.json")
             before = load_plan(baseline).summary() if baseline is not None else None
@@ -119,7 +155,7 @@ def check_cmd(
             if "pp" in strategy.mesh.axis_names:
                 strategy = pipelined(strategy, schedule, microbatches, virtual_stages, "time")
             plan = build_plan(load_model(model, set_), strategy, cluster=cluster)
-            verdict = judge(plan.summary(), budgets, before)
+            verdict = judge(plan.summary(), budgets, before, _verify(plan) if verify else None)
             verdict_json, markdown, report = verdict.to_json(), verdict.markdown(), verdict.junit()
             passed = verdict.passed
     except ShardlabError as exc:
@@ -130,3 +166,29 @@ def check_cmd(
         junit.write_text(report)
     if not passed:
         raise typer.Exit(1)
+
+
+def _inline_options(
+    mesh: str | None,
+    recompute: str,
+    schedule: str,
+    microbatches: int | None,
+    virtual_stages: int | None,
+) -> dict[str, Any]:
+    """The options of an inline strategy for `--server`, as `--local` builds them
+    (recomputation; on a `pp` mesh the pipeline settings), checked here first."""
+    if mesh is None:
+        return {"recompute": recompute} if recompute != "none" else {}
+    strategy = build_strategy(mesh, None, None, recompute)
+    if "pp" in strategy.mesh.axis_names:
+        strategy = pipelined(strategy, schedule, microbatches, virtual_stages, "time")
+    return {key: value for key, value in strategy.options.items() if value != {}}
+
+
+def _verify(plan: Plan) -> dict[str, Any]:
+    """Verify `plan` here (refused up front for a model too large to verify)."""
+    from shardlab.runtime.verify import verify
+    from shardlab.summary import model_summary
+
+    check_verifiable(int(model_summary(plan.model)["params"]), plan.strategy.mesh.size)
+    return verify(plan).to_json()

@@ -1,6 +1,8 @@
 """`shardlab check --server`: the CI gate through a Shardlab service's REST API. Queues a
 check (`POST /api/checks`), waits for its plan, and hands back the verdict, its Markdown
-and its JUnit XML. Standard library only (urllib), so a CI runner needs nothing else."""
+and its JUnit XML. The model and strategy are stored ones (ids) or named in the request (a
+preset with overrides, a strategy inline), so a fresh team's CI needs only a token.
+Standard library only (urllib), so a CI runner needs nothing else."""
 
 from __future__ import annotations
 
@@ -43,6 +45,39 @@ def run_remote_check(
         error = (check.get("error") or {}).get("message", check["message"])
         raise RemoteError(f"check {created['id']}'s plan {check['status']}: {error}")
     return check, _call(base, token, "GET", f"{path}/junit", raw=True)
+
+
+def model_ref(
+    model_id: int | None, preset: str | None, overrides: dict[str, str]
+) -> dict[str, Any]:
+    """The check body's model: a stored `model_id`, or `model` by preset with its overrides
+    (the service reuses the team's model of the same preset and overrides)."""
+    if (model_id is None) == (preset is None):
+        raise RemoteError("--server needs the model: --model-id N, or --preset NAME "
+                          "(with --set key=value)")  # fmt: skip
+    if preset is None:
+        if overrides:
+            raise RemoteError("--set applies to --preset, not to --model-id")
+        return {"model_id": model_id}
+    return {"model": {"preset": preset, "overrides": overrides}}
+
+
+def strategy_ref(
+    strategy_id: int | None, mesh: str | None, name: str | None, definition: dict[str, Any]
+) -> dict[str, Any]:
+    """The check body's strategy: a stored `strategy_id`, or `strategy` inline (`definition`:
+    templates, annotations, options; the service reuses the latest version of `name`, or of
+    a name it derives from mesh and templates, when identical, else adds the next)."""
+    if (strategy_id is None) == (mesh is None):
+        raise RemoteError("--server needs the strategy: --strategy-id M, or --mesh (with "
+                          "--template, --annotate, ...)")  # fmt: skip
+    if mesh is None:
+        if name is not None or any(definition.values()):
+            raise RemoteError("--strategy-name, --template, --annotate and --recompute "
+                              "apply to --mesh, not to --strategy-id")  # fmt: skip
+        return {"strategy_id": strategy_id}
+    named = {"name": name} if name is not None else {}
+    return {"strategy": {**named, "mesh": mesh, **definition}}
 
 
 def _call(

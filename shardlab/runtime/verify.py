@@ -54,6 +54,21 @@ class VerifyReport:
     def failed(self) -> list[TensorCheck]:
         return [c for c in self.checks if not c.ok]
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as the service stores it and `shardlab.check` judges it."""
+        return {
+            "ok": self.ok,
+            "compute_dtype": self.compute_dtype,
+            "first_divergence": self.first_divergence,
+            "summary": self.summary,
+            "failed": len(self.failed()),
+            "checks": [
+                {"name": c.name, "kind": c.kind, "max_abs": c.max_abs, "max_rel": c.max_rel,
+                 "ok": c.ok}
+                for c in self.checks
+            ],
+        }  # fmt: skip
+
 
 def _compare(name: str, kind: str, got: np.ndarray, want: np.ndarray, dtype: str) -> TensorCheck:
     rtol, atol = TOLERANCES[dtype]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from backend import migrate
 from backend.app import create_app
 from backend.auth import create_token, ensure_team
 from backend.db import make_engine, session_factory, transaction
+from backend.orm import User
 from backend.settings import Settings
 
 POSTGRES_URL = os.environ.get(
@@ -99,6 +101,32 @@ def token_for(settings: Settings, team: str, name: str = "test") -> str:
             return create_token(session, ensure_team(session, team).id, name)
     finally:
         engine.dispose()
+
+
+def user_token(settings: Settings, team: str, user: str, admin: bool = False) -> str:
+    """An API token of a new user `user` of `team` (reviews are by people, not teams)."""
+    engine = make_engine(settings.database_url)
+    try:
+        with transaction(session_factory(engine)) as session:
+            row = User(team_id=ensure_team(session, team).id, name=user, is_admin=admin)
+            session.add(row)
+            session.flush()
+            return create_token(session, row.team_id, f"{user}'s", user_id=row.id)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def user_client(app: FastAPI, settings: Settings) -> Iterator[Any]:
+    """`user_client(team, user, admin=False)`: a client with a new user's token."""
+    with ExitStack() as stack:
+
+        def make(team: str, user: str, admin: bool = False) -> TestClient:
+            c = stack.enter_context(TestClient(app))
+            c.headers["Authorization"] = f"Bearer {user_token(settings, team, user, admin)}"
+            return c
+
+        yield make
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
 """The CI gate end to end: `shardlab check --server` against a real `shardlab serve` with its
 worker, on SQLite and PostgreSQL. A strategy version 26% slower than the baseline plan fails
 `--max-regression-pct 5` (exit 1) and the Markdown names the regression; the baseline's own
-strategy passes (exit 0) with a JUnit report; a refusal of the service exits 2."""
+strategy passes (exit 0) with a JUnit report; a refusal of the service exits 2; a fresh
+team's token checks a preset under an inline strategy (`--preset --set --mesh --template`),
+and a plan over the memory fails on `must_fit` (exit 1)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from shardlab.cli import app
 from tests.api.conftest import token_for
 from tests.api.test_checks import _ids
 from tests.api.test_cli_service import _free_port, _healthy, _wait_for
-from tests.api.test_plans import run_jobs
+from tests.api.test_plans import TINY, run_jobs
 
 runner = CliRunner()
 
@@ -71,6 +73,38 @@ def test_check_through_a_real_service(
         assert "POST /api/checks: 404" in refused.output and "999" in refused.output
         wrong = runner.invoke(app, [*gate[:3], "--token", "nope", *gate[5:], "--strategy-id", "1"])
         assert wrong.exit_code == 2 and "401" in wrong.output
+        # a fresh team, with only a token: the model by preset, the strategy inline
+        fresh = token_for(settings, "gamma", "ci")
+        sets = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]
+        inline = runner.invoke(app, [*gate[:3], "--token", fresh, "--preset", "llama3-8b", *sets,
+                                     "--mesh", "dp=4", "--template", "dp", "--cluster",
+                                     "h100-sxm-1x8", "--max-fallback-ops", "0",
+                                     "--timeout", "120"])  # fmt: skip
+        assert inline.exit_code == 0, inline.output + "".join(lines)
+        assert "✅ **Shardlab check passed**" in inline.output
+        # full-size Llama-3-8B under plain data parallelism needs 161 GB a rank, of 80
+        oom = runner.invoke(app, [*gate[:3], "--token", fresh, "--preset", "llama3-8b",
+                                  "--mesh", "dp=8", "--template", "dp", "--cluster",
+                                  "h100-sxm-1x8", "--timeout", "300"])  # fmt: skip
+        assert oom.exit_code == 1, oom.output + "".join(lines)
+        assert "(must_fit)" in oom.output and "| must_fit |" in oom.output
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_server_flags_name_what_is_missing() -> None:
+    """`--server` needs one model (`--model-id` or `--preset`) and one strategy
+    (`--strategy-id` or `--mesh`); misuse exits 2 before any request."""
+    base = ["check", "--server", "http://127.0.0.1:9", "--token", "t", "--cluster", "h100-sxm-1x8"]
+    for extra, named in (
+        ([], "--model-id N, or --preset NAME"),
+        (["--preset", "llama3-8b"], "--strategy-id M, or --mesh"),
+        (["--preset", "llama3-8b", "--model-id", "1", "--mesh", "dp=2"], "--model-id N, or"),
+        (["--model-id", "1", "--set", "layers=2", "--strategy-id", "1"], "--set applies"),
+        (["--model-id", "1", "--strategy-id", "1", "--template", "dp"], "apply to --mesh"),
+        (["--model-id", "1", "--mesh", "dp=four"], "dp=four"),
+        (["--preset", "llama3-8b", "--set", "layers", "--mesh", "dp=2"], "key=value"),
+    ):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == 2 and named in result.output, (extra, result.output)

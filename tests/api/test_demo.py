@@ -10,8 +10,8 @@ from backend.auth import ensure_team
 from backend.db import transaction
 from backend.demo import DEMO_MODELS, DEMO_PLANS, DEMO_STRATEGIES, seed_demo
 from backend.orm import Model, Plan, Strategy
+from backend.planning import check_plan
 from backend.routers.clusters import resolve_cluster
-from backend.routers.plans import check_plan
 from backend.settings import Settings
 from worker.main import Worker
 

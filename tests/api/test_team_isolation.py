@@ -19,10 +19,19 @@ from tests.api.test_plans import _created, run_jobs, setup_plan
 from tests.api.test_searches import create_search
 
 STRATEGY_EDIT = {"mesh": "dp=4", "templates": ["dp"]}
+#: request bodies of the writes addressed by path id (a body-less call would be a 422)
+BODIES = {
+    ("put", "/api/strategies/{strategy_id}"): STRATEGY_EDIT,
+    ("post", "/api/plans/{plan_id}/review/requests"): {"reviewers": ["bob"]},
+    ("post", "/api/plans/{plan_id}/review/decision"): {"decision": "approve"},
+    ("post", "/api/plans/{plan_id}/comments"): {"body": "hello"},
+    ("post", "/api/plans/{plan_id}/comments/{thread_id}/resolve"): {"resolved": True},
+}
 
 
-def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, Any]:
-    """Every kind of resource in team alpha, built; the value of each path parameter."""
+def _alpha_resources(client: TestClient, settings: Settings, bob: TestClient) -> dict[str, Any]:
+    """Every kind of resource in team alpha, built; the value of each path parameter.
+    `bob`, a member of alpha, reviews plan a and makes it a baseline."""
     plan_a = setup_plan(client, "h100-sxm-1x4", "a")
     plan_b = setup_plan(client, "h100-sxm-1x4", "b")
     verification = _created(client.post("/api/verifications", json={"plan_id": plan_a}))
@@ -40,7 +49,13 @@ def _alpha_resources(client: TestClient, settings: Settings) -> dict[str, Any]:
     assert run_jobs(settings) == 7
     plan = client.get(f"/api/plans/{plan_a}").json()
     collective = client.get(f"/api/plans/{plan_a}/collectives").json()[0]["name"]
+    thread = _created(bob.post(f"/api/plans/{plan_a}/comments", json={"body": "ok?"}))
+    assert bob.post(f"/api/plans/{plan_a}/review/decision", json={"decision": "approve"}).is_success
+    baseline = _created(bob.post("/api/baselines", json={"plan_id": plan_a}))
     return {
+        "thread_id": str(thread["id"]),
+        "comment_id": str(thread["id"]),
+        "baseline_id": str(baseline["id"]),
         "model_id": str(plan["model_id"]),
         "strategy_id": str(plan["strategy_id"]),
         "plan_id": str(plan_a),
@@ -88,15 +103,18 @@ def _operations(app: FastAPI) -> list[tuple[str, str]]:
     ]
 
 
-def _call(client: TestClient, method: str, url: str) -> Any:
-    body = STRATEGY_EDIT if method == "put" else None
-    return client.request(method.upper(), url, json=body)
+def _call(client: TestClient, method: str, path: str, url: str) -> Any:
+    return client.request(method.upper(), url, json=BODIES.get((method, path)))
 
 
 def test_another_team_gets_404_on_every_resource(
-    app: FastAPI, client: TestClient, other_client: TestClient, settings: Settings
+    app: FastAPI,
+    client: TestClient,
+    other_client: TestClient,
+    user_client: Any,
+    settings: Settings,
 ) -> None:
-    ids = _alpha_resources(client, settings)
+    ids = _alpha_resources(client, settings, user_client("alpha", "bob"))
     operations = _operations(app)
     assert len(operations) >= 18, operations
     reads = [(m, p) for m, p in operations if m == "get"]
@@ -106,7 +124,7 @@ def test_another_team_gets_404_on_every_resource(
 
     for method, path in operations:
         url = _fill(path, ids)
-        answer = _call(other_client, method, url)
+        answer = _call(other_client, method, path, url)
         assert answer.status_code == 404, (method, url, answer.status_code, answer.text)
         body = answer.json()
         assert set(body) == {"code", "message", "detail"} and body["code"] == "not_found"
@@ -126,6 +144,8 @@ def test_another_team_gets_404_on_every_resource(
         "comparisons",
         "jobs",
         "searches",
+        "baselines",
+        "reviews",
     ):
         assert other_client.get(f"/api/{listing}").json() == [], listing
     assert [c for c in other_client.get("/api/clusters").json() if c["source"] == "user"] == []
