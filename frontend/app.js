@@ -6,6 +6,8 @@
 //   setQuery - (updates) => void: record view state in the URL without re-rendering
 //   signal   - an AbortSignal aborted when the user leaves the view
 // and returns nothing (or a Promise). Views load everything from the REST API.
+// Under every view of one plan (`#/plans/3`, `#/plans/3/graph`, ...) the shell adds the
+// plan's review panel (views/review.js).
 import { api, ApiError } from "./api.js";
 import { errorBox, h } from "./ui.js";
 
@@ -25,6 +27,7 @@ const ROUTES = [
 
 const root = document.getElementById("view");
 let current = null; // {controller, path}
+let me = null; // /api/me once signed in
 
 function parseHash() {
   const hash = location.hash.replace(/^#/, "") || "/plans";
@@ -45,7 +48,7 @@ function setQuery(path, updates) {
 async function showUser() {
   const el = document.getElementById("whoami");
   try {
-    const me = await api("/api/me");
+    me = await api("/api/me");
     el.textContent = `${me.user ?? "token"} · team ${me.team}`;
     return true;
   } catch (err) {
@@ -89,6 +92,11 @@ async function route() {
     const page = document.createElement("div");
     page.className = "page";
     root.replaceChildren(page);
+    const planId = path.match(/^\/plans\/(\d+)(\/|$)/)?.[1];
+    if (planId) {
+      const { reviewPanel } = await import("./views/review.js");
+      root.append(reviewPanel(Number(planId), me, controller.signal));
+    }
     await view.render(page, ctx);
   } catch (err) {
     if (!controller.signal.aborted) {

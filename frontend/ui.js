@@ -121,3 +121,15 @@ export function plotly() {
   });
   return plotly.loading;
 }
+
+/** The pager under a paged list: "Plans 51–100 of 130" between the buttons to the pages
+ * either side. `go(offset)` shows another page; `label` names the pager, `id` the range. */
+export function pager({ noun, label, offset, count, total, size, go, id, newer = "Newer",
+  older = "Older" }) {
+  const button = (label, to, enabled) => h("button", { type: "button", class: "secondary",
+    disabled: !enabled, onclick: () => go(to) }, label);
+  return h("nav", { class: "pager", "aria-label": label },
+    button(newer, Math.max(0, offset - size), offset > 0),
+    h("span", { id }, `${noun} ${total ? offset + 1 : 0}–${offset + count} of ${total}`),
+    button(older, offset + size, offset + count < total));
+}

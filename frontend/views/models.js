@@ -1,8 +1,8 @@
 // The team's models: the table (with each model's summary on demand), a model from a preset
 // with overrides, and a model from an uploaded graph JSON file.
-import { api, ApiError } from "../api.js";
+import { api, ApiError, apiPage } from "../api.js";
 import { clearErrors, field, fieldOf, labelled, showError } from "../forms.js";
-import { errorBox, fmtBytes, fmtInt, h, toast } from "../ui.js";
+import { errorBox, fmtBytes, fmtInt, h, pager, toast } from "../ui.js";
 
 const SI = [[1e18, "E"], [1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
 
@@ -91,18 +91,34 @@ function modelRow(model) {
     h("td", { class: "num" }, fmtInt(model.ops)));
 }
 
-async function fillTable(holder, highlight = null) {
-  const models = await api("/api/models?limit=1000");
-  if (!models.length) {
+/** Models per page. */
+export const PAGE = 50;
+
+/** Fill `holder` with a page of the team's models (oldest first) and its pager; with
+ * `highlight` (a new model, the newest) the last page, with that row marked. `go(offset)`
+ * records the page in the URL. */
+async function fillTable(holder, { offset = 0, highlight = null, go = () => {} } = {}) {
+  let page = await apiPage(`/api/models?limit=${PAGE}&offset=${offset}`);
+  if (highlight !== null && !page.items.some((m) => m.id === highlight)) {
+    offset = Math.floor((page.total - 1) / PAGE) * PAGE;
+    page = await apiPage(`/api/models?limit=${PAGE}&offset=${offset}`);
+    go(offset);
+  }
+  const models = page.items;
+  if (!models.length && offset === 0) {
     holder.replaceChildren(h("p", { class: "muted" }, "No models yet: create one below."));
     return;
   }
   const head = ["Name", "Source", "Preset", "Overrides", "Parameters", "FLOPs / forward",
     "Layers", "Ops"];
   const rows = models.map(modelRow);
+  const turn = (to) => { go(to); fillTable(holder, { offset: to, go }); };
   holder.replaceChildren(h("table", { "aria-label": "models" },
     h("thead", {}, h("tr", {}, head.map((t, i) => h("th", { class: i > 3 ? "num" : null, scope: "col" }, t)))),
-    h("tbody", {}, rows)));
+    h("tbody", {}, rows)),
+  page.total > PAGE || offset > 0 ? pager({ noun: "Models", label: "model pages", offset,
+    count: models.length, total: page.total, size: PAGE, go: turn, id: "models-range",
+    newer: "Previous", older: "Next" }) : null);
   const row = rows.find((r) => r.dataset.modelId === String(highlight));
   if (row) {
     row.setAttribute("aria-current", "true");
@@ -241,15 +257,17 @@ function uploadForm(onCreated) {
   return form;
 }
 
-export async function render(root) {
+export async function render(root, ctx) {
   const holder = h("div", {}, h("p", { class: "loading" }, "loading…"));
   const status = h("p", { role: "status", class: "muted" });
+  const go = (offset) => ctx.setQuery({ offset: offset || null });
+  const offset = Math.max(0, Number(ctx.query.get("offset")) || 0);
   const onCreated = async (made) => {
-    await fillTable(holder, made.id);
+    await fillTable(holder, { offset, highlight: made.id, go });
     status.textContent = `Created model ${made.name}: ${fmtInt(made.params)} parameters.`;
     toast(`model ${made.name} created`);
   };
-  const [presets] = await Promise.all([api("/api/presets"), fillTable(holder)]);
+  const [presets] = await Promise.all([api("/api/presets"), fillTable(holder, { offset, go })]);
   root.append(
     h("h1", {}, "Models"),
     h("section", { class: "card", "aria-label": "team models" }, holder, status),

@@ -92,6 +92,33 @@ function verifySection(planId) {
   return h("section", {}, h("h2", {}, "Verification"), button, out);
 }
 
+/** The plan against the baseline of its model and cluster (figures and change), and the
+ * baselines this plan is; null when there is neither. */
+function baselineSection(plan) {
+  const is = plan.baseline_of ?? [];
+  const b = plan.baseline;
+  if (!is.length && !b) return null;
+  const fmt = (f, v) => (f.figure === "step_time_s" ? fmtTime(v)
+    : f.figure === "mfu" ? fmtPercent(v)
+      : f.figure === "peak_memory_bytes" ? fmtBytes(v) : fmtInt(Math.round(v)));
+  return h("section", { "aria-label": "baseline" },
+    h("h2", {}, "Baseline"),
+    is.length ? h("p", { id: "baseline-of" }, `This plan is the baseline ${is.map((n) => `"${n}"`)
+      .join(", ")}.`) : null,
+    b ? h("p", {}, "Compared with baseline ", h("strong", {}, `"${b.name}"`), ": ",
+      h("a", { href: `#/plans/${b.plan_id}` }, `plan #${b.plan_id}`), " · ",
+      h("a", { href: `#/compare?a=${b.plan_id}&b=${plan.id}` }, "full comparison")) : null,
+    b?.figures ? h("table", { "aria-label": "against the baseline" },
+      h("thead", {}, h("tr", {}, ["Figure", "Baseline", "This plan", "Change"].map((t, i) =>
+        h("th", { class: i ? "num" : null }, t)))),
+      h("tbody", {}, b.figures.map((f) => h("tr", {},
+        h("td", {}, f.label), h("td", { class: "num" }, fmt(f, f.baseline)),
+        h("td", { class: "num" }, fmt(f, f.plan)),
+        h("td", { class: `num ${f.regression ? "status-failed" : ""}` },
+          `${f.change_pct >= 0 ? "+" : ""}${f.change_pct.toFixed(1)}%`,
+          f.regression ? " (worse)" : ""))))) : null);
+}
+
 /** A queued or running plan: live progress and a cancel button; re-renders when it ends. */
 async function pending(root, plan, ctx) {
   const bar = h("progress", { max: 1, value: plan.progress, "aria-label": "plan job progress" });
@@ -122,6 +149,8 @@ export async function render(root, ctx) {
   }
   const s = plan.summary;
   root.append(headline(s));
+  const baseline = baselineSection(plan);
+  if (baseline) root.append(baseline);
   if (s.pipeline) root.append(pipelineSection(s.pipeline));
   if (s.notes?.length) root.append(h("ul", { "aria-label": "notes" }, s.notes.map((n) => h("li", {}, n))));
   if (s.cost) {
