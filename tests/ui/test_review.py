@@ -32,10 +32,13 @@ def _admin_fetch(page: Page, method: str, path: str, body: Any = None) -> Any:
     )
 
 
-@pytest.fixture
-def people(browser: Browser, server: Server, page: Page) -> Iterator[dict[str, Page]]:
+@pytest.fixture(scope="module")
+def people(browser: Browser, server: Server, storage_state: str) -> Iterator[dict[str, Page]]:
     """Alice and Rob of team default, each logged in through their own one-time link (made
-    by the admin) in their own browser context; console errors fail the test."""
+    by the admin) in their own browser context, for this module's tests; console errors
+    fail them."""
+    admin = browser.new_context(storage_state=storage_state, base_url=server.url)
+    page = admin.new_page()
     page.goto("/#/models")
     tabs: dict[str, Page] = {}
     problems: list[str] = []
@@ -51,6 +54,7 @@ def people(browser: Browser, server: Server, page: Page) -> Iterator[dict[str, P
         tab.goto(made["login_link"])
         tab.locator("#whoami").filter(has_text=f"{name} · team default").wait_for()
         tabs[name] = tab
+    admin.close()
     yield tabs
     for context in contexts:
         context.close()
@@ -130,3 +134,43 @@ def test_review_comment_permalink_resolve_approve_baseline(
     expect(table).to_contain_text("step time")
     expect(alice.get_by_label("baseline", exact=True)).to_contain_text(f"plan #{plan}")
     screenshot(alice, "review-baseline")
+
+
+def test_value_and_timeline_threads_open_their_views(
+    people: dict[str, Page], server: Server, built_plan: dict[str, Any]
+) -> None:
+    """A thread on a value opens the sharding diagram on it; one on a timeline range opens
+    the timeline zoomed to it; one started on the timeline takes the zoom as its anchor."""
+    rob = people["rob"]
+    plan = built_plan["id"]
+    value = "layers.0.mlp.down_proj.weight"
+    step = built_plan["summary"]["cost"]["step_time_s"]
+    t0, t1 = step * 0.25, step * 0.5
+    url = f"/api/plans/{plan}/comments"
+    _admin_fetch(rob, "GET", "/api/me")  # rob's session works
+    _admin_fetch(rob, "POST", url, {"body": "Shard this on tp?",
+                                    "anchor": {"kind": "value", "name": value}})  # fmt: skip
+    _admin_fetch(rob, "POST", url, {"body": "Comm is exposed here.",
+                                    "anchor": {"kind": "timeline", "start_s": t0,
+                                               "end_s": t1}})  # fmt: skip
+    rob.goto(f"/#/plans/{plan}")
+    review = rob.get_by_label("review", exact=True)
+    review.get_by_role("link", name=f"value {value}").click()
+    expect(rob).to_have_url(re.compile(rf"/sharding\?value={re.escape(value)}"))
+    expect(rob.get_by_label("Value")).to_have_value(value)
+
+    rob.get_by_label("review", exact=True).get_by_role("link", name=re.compile("^timeline")).click()
+    expect(rob).to_have_url(re.compile(r"/timeline\?t0="))
+    expect(rob.locator("#timeline-plot .barlayer").first).to_be_visible()
+    shown = rob.evaluate("() => document.getElementById('timeline-plot').layout.xaxis.range")
+    assert shown == [t0 * 1e3, t1 * 1e3]
+
+    # a new comment on the zoomed timeline is anchored to that range
+    panel = rob.get_by_label("review", exact=True)
+    panel.get_by_label("new comment").click()
+    expect(panel.get_by_label("comment on")).to_contain_text("on timeline")
+    panel.get_by_label("new comment").fill("And here.")
+    panel.get_by_role("button", name="Add comment").click()
+    expect(panel.locator(".review-thread")).to_have_count(3)
+    threads = server.api("GET", f"/api/plans/{plan}/review")["threads"]
+    assert threads[-1]["anchor"] == {"kind": "timeline", "start_s": t0, "end_s": t1}
