@@ -44,14 +44,31 @@ def _sessions() -> sessionmaker[Session]:
 def create(
     team: TeamOption,
     name: Annotated[str, typer.Option("--name", help="A name to tell the token apart.")],
+    user: Annotated[
+        str | None,
+        typer.Option("--user", help="Act as this member of TEAM (reviews are by people)."),
+    ] = None,
 ) -> None:
-    """Create a token for TEAM (created if missing); prints only the secret, once."""
+    """Create a token for TEAM (created if missing), or for one of its members with --user;
+    prints only the secret, once."""
+    from sqlalchemy import select
+
     from backend.auth import create_token, ensure_team
     from backend.db import transaction
+    from backend.orm import User
 
     factory = _sessions()
     with transaction(factory) as session:
-        secret = create_token(session, ensure_team(session, team).id, name)
+        team_id = ensure_team(session, team).id
+        user_id = None
+        if user is not None:
+            user_id = session.scalar(select(User.id).where(User.team_id == team_id,
+                                                           User.name == user))  # fmt: skip
+            if user_id is None:
+                typer.echo(f"error: team {team!r} has no member {user!r} (admins add people "
+                           "with POST /api/admin/users)", err=True)  # fmt: skip
+                raise typer.Exit(1)
+        secret = create_token(session, team_id, name, user_id=user_id)
     typer.echo(secret)
 
 

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from http.cookiejar import CookieJar
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -77,6 +78,21 @@ def test_token_create_list_revoke(settings: Settings, app: FastAPI) -> None:
         assert api.get("/api/me").status_code == 401
     missing = runner.invoke(cli, ["token", "revoke", "999999"], env=env)
     assert missing.exit_code == 1 and "no token" in missing.stderr
+
+
+def test_a_token_can_act_as_a_member(settings: Settings, app: FastAPI, user_client: Any) -> None:
+    """`--user` makes a token that acts as that member (reviews need a person)."""
+    env = _env(settings)
+    user_client("ops", "rob")  # rob joins team ops
+    result = runner.invoke(cli, ["token", "create", "--team", "ops", "--name", "r",
+                                 "--user", "rob"], env=env)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with TestClient(app) as api:
+        api.headers["Authorization"] = f"Bearer {result.stdout.strip()}"
+        assert api.get("/api/me").json()["user"] == "rob"
+    stranger = runner.invoke(cli, ["token", "create", "--team", "ops", "--name", "z",
+                                   "--user", "zed"], env=env)  # fmt: skip
+    assert stranger.exit_code == 1 and "no member 'zed'" in stranger.stderr
 
 
 def test_token_create_on_an_unmigrated_database_says_so(tmp_path: Path) -> None:
