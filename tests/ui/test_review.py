@@ -95,7 +95,7 @@ def test_review_comment_permalink_resolve_approve_baseline(
     panel.get_by_role("button", name="Add comment").click()
     thread = panel.locator(".review-thread").first
     expect(thread.get_by_role("link", name=f"op {OP}")).to_be_visible()
-    screenshot(rob, "review-comment")
+    screenshot(rob, "review")
 
     # Alice sees the comment on the plan, follows its permalink to the op, and resolves it
     alice.reload()
