@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -66,6 +67,8 @@ class ApiToken(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: None: never expires
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class BrowserSession(Base):
@@ -333,3 +336,38 @@ class Baseline(Base):
     )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TeamLimits(Base):
+    """An admin's limits for one team; a None field falls back to the service's default
+    (`Settings`). Read by the API (queue, rate) and the workers (running jobs, deadline,
+    memory)."""
+
+    __tablename__ = "team_limits"
+    team_id: Mapped[int] = mapped_column(
+        ForeignKey("teams.id", ondelete="CASCADE"), primary_key=True
+    )
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, default=None)
+    job_deadline_s: Mapped[float | None] = mapped_column(Float, default=None)
+    job_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class IdempotencyKey(Base):
+    """A create request made with an `Idempotency-Key` header: a retry with the same key and
+    body gets the stored answer; the same key with another body is a 409."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("team_id", "key"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    key: Mapped[str] = mapped_column(String(200))
+    #: "POST /api/plans"
+    route: Mapped[str] = mapped_column(String(200))
+    #: SHA-256 of the request body
+    request_hash: Mapped[str] = mapped_column(String(64))
+    status_code: Mapped[int] = mapped_column(Integer)
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
