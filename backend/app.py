@@ -5,14 +5,17 @@ from __future__ import annotations
 from importlib.util import find_spec
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from backend.admission import AdmissionMiddleware, admission_slots
 from backend.db import make_engine, session_factory
 from backend.errors import install_error_handlers
+from backend.idempotency import IdempotencyMiddleware
 from backend.limits import BodyLimitMiddleware
 from backend.openapi import install_openapi
+from backend.rate_limit import RateLimiter
 from backend.routers import (
     auth,
     baselines,
@@ -30,10 +33,13 @@ from backend.routers import (
     reviews,
     searches,
     strategies,
+    team_limits,
     templates,
     verifications,
 )
+from backend.security import install_security
 from backend.settings import Settings
+from backend.strict_input import refuse_control_characters
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
 
@@ -57,13 +63,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
+        dependencies=[Depends(refuse_control_characters)],  # no control chars in path, query
     )
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, pool_size=settings.api_slots)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = session_factory(engine)
+    app.state.write_sessions = session_factory(engine.execution_options(sqlite_immediate=True))
+    app.state.rate_limiter = RateLimiter()  # requests a minute per team, in this process
     install_error_handlers(app)
+    app.add_middleware(IdempotencyMiddleware)  # inside the body limit: it reads the body
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(AdmissionMiddleware, slots=admission_slots(settings, engine))
+    install_security(app)  # outermost: its headers go on every answer (503s, 413s too)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -88,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         searches,
         checks,
         jobs,
+        team_limits,
     ):
         app.include_router(module.router)
 

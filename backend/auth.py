@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from backend.orm import ApiToken, BrowserSession, Team, User
@@ -46,8 +46,23 @@ def ensure_team(session: Session, name: str) -> Team:
     return team
 
 
-def create_token(session: Session, team_id: int, name: str, user_id: int | None = None) -> str:
-    """A new API token for the team; returns the secret (only its hash is stored)."""
+class TokenExpired(Exception):
+    """The API token is known and not revoked, but its `expires_at` has passed."""
+
+    def __init__(self, expired_at: datetime) -> None:
+        super().__init__(f"API token expired at {expired_at.isoformat()}")
+        self.expired_at = expired_at
+
+
+def create_token(
+    session: Session,
+    team_id: int,
+    name: str,
+    user_id: int | None = None,
+    expires_at: datetime | None = None,
+) -> str:
+    """A new API token for the team, valid until `expires_at` (None: no expiry); returns the
+    secret (only its hash is stored)."""
     secret = new_secret(TOKEN_PREFIX)
     session.add(
         ApiToken(
@@ -56,22 +71,31 @@ def create_token(session: Session, team_id: int, name: str, user_id: int | None 
             name=name,
             token_hash=digest(secret),
             prefix=secret[: len(TOKEN_PREFIX) + 6],
+            expires_at=expires_at,
         )
     )
     session.flush()
     return secret
 
 
+#: a token's principal, built once (every API request runs it)
+TOKEN_QUERY = (
+    select(ApiToken.team_id, ApiToken.user_id, ApiToken.revoked_at, ApiToken.expires_at,
+           User.is_admin)
+    .outerjoin(User, User.id == ApiToken.user_id)
+    .where(ApiToken.token_hash == bindparam("digest"))
+)  # fmt: skip
+
+
 def principal_from_token(session: Session, secret: str) -> Principal | None:
-    """The principal of a live (not revoked) API token, or None."""
-    token = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest(secret)))
-    if token is None or token.revoked_at is not None:
+    """The principal of a live (not revoked) API token, or None; TokenExpired once its
+    `expires_at` has passed. One Core query (token and user): every API request runs it."""
+    row = session.connection().execute(TOKEN_QUERY, {"digest": digest(secret)}).first()
+    if row is None or row.revoked_at is not None:
         return None
-    admin = False
-    if token.user_id is not None:
-        user = session.get(User, token.user_id)
-        admin = bool(user and user.is_admin)
-    return Principal(token.team_id, token.user_id, admin, "token")
+    if row.expires_at is not None and _aware(row.expires_at) <= datetime.now(UTC):
+        raise TokenExpired(_aware(row.expires_at))
+    return Principal(row.team_id, row.user_id, bool(row.is_admin), "token")
 
 
 def principal_from_session(session: Session, secret: str) -> Principal | None:

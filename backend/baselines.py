@@ -20,7 +20,7 @@ from backend.errors import ApiError
 from backend.ledger import iso
 from backend.orm import Baseline, Job, Model, Plan
 from backend.orm import Strategy as StrategyRow
-from backend.planning import check_plan, queue_plan
+from backend.planning import check_plan, plan_deadline, queue_plan
 from backend.routers.clusters import resolve_cluster
 from backend.settings import Settings
 from shardlab.check import CheckError, figures
@@ -139,6 +139,7 @@ def plan_against_baselines(
     ).all()
     queued: dict[tuple[int, str], int] = {}
     out: list[dict[str, Any]] = []
+    deadline = plan_deadline(session, settings, strategy.team_id)
     for baseline in rows:
         key = (baseline.model_id, baseline.cluster)
         entry: dict[str, Any] = {"baseline": baseline.name, "baseline_plan_id": baseline.plan_id}
@@ -147,7 +148,7 @@ def plan_against_baselines(
             assert model is not None  # deleting a model deletes its baselines
             try:
                 spec = resolve_cluster(session, strategy.team_id, baseline.cluster)
-                check_plan(model, strategy, spec)
+                check_plan(model, strategy, spec, deadline)
             except (ApiError, ShardlabError) as exc:
                 out.append({**entry, "plan_id": None, "error": exc.message})
                 continue

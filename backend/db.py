@@ -26,11 +26,18 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url` with the pragmas and pool settings each database needs."""
+def make_engine(url: str, pool_size: int | None = None) -> Engine:
+    """An engine for `url` with the pragmas and pool settings each database needs;
+    `pool_size` connections (and as many again in overflow) where a service sets it."""
     url = normalize_url(url)
+    pool: dict[str, Any] = {}
+    in_memory = url.startswith("sqlite") and (":memory:" in url or url.rstrip("/") == "sqlite:")
+    if pool_size is not None and not in_memory:  # an in-memory database has one connection
+        pool = {"pool_size": pool_size, "max_overflow": pool_size, "pool_timeout": 10}
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
@@ -48,7 +55,7 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -1,4 +1,5 @@
-"""Typed FastAPI dependencies: settings, a database session, the authenticated principal."""
+"""Typed FastAPI dependencies: settings, a database session, the authenticated principal
+(rate-limited per team)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from backend.auth import SESSION_COOKIE, Principal, principal_from_session, principal_from_token
+from backend.auth import (
+    SESSION_COOKIE,
+    Principal,
+    TokenExpired,
+    principal_from_session,
+    principal_from_token,
+)
 from backend.bootstrap import LOGIN_PATH
 from backend.errors import ApiError
+from backend.rate_limit import RateLimiter, rate_limited
 from backend.settings import Settings
+from backend.tenancy import team_limits
 
 
 def get_settings(request: Request) -> Settings:
@@ -26,27 +35,54 @@ WRITING_GETS = frozenset({LOGIN_PATH})
 def get_session(request: Request) -> Iterator[Session]:
     """A session per request; the router commits what it wants kept, the rest rolls back.
 
-    Requests that write take SQLite's write lock at BEGIN (`BEGIN IMMEDIATE`, waiting out the
-    busy timeout): a deferred transaction that reads and then writes while a worker commits
-    would fail at once with "database is locked". PostgreSQL ignores the option.
+    The session opens its transaction at its first statement, so a router that checks its
+    input first (a large graph, a strategy against the model) holds no lock meanwhile.
+    Requests that write take SQLite's write lock at that BEGIN (`BEGIN IMMEDIATE`, waiting
+    out the busy timeout): a deferred transaction that reads and then writes while a worker
+    commits would fail at once with "database is locked". PostgreSQL ignores the option.
     """
     writes = request.method not in ("GET", "HEAD", "OPTIONS") or request.url.path in WRITING_GETS
-    with request.app.state.sessions() as session:
-        if writes:
-            session.connection(execution_options={"sqlite_immediate": True})
+    factory = request.app.state.write_sessions if writes else request.app.state.sessions
+    with factory() as session:
         yield session
 
 
-def current_principal(
-    request: Request, session: Annotated[Session, Depends(get_session)]
-) -> Principal:
-    """The caller from `Authorization: Bearer <token>` or the session cookie; 401 if neither."""
+def current_principal(request: Request) -> Principal:
+    """The caller from `Authorization: Bearer <token>` or the session cookie; 401 if neither.
+    Looked up in a short read session of its own, so the request's session (and, for a
+    write, SQLite's write lock) starts only when the router first needs it. The request
+    counts against the team's requests a minute: 429 `rate_limited` beyond them."""
+    with request.app.state.sessions() as session:
+        principal = principal_of(request, session)
+        check_rate(request, session, principal)
+    return principal
+
+
+def check_rate(request: Request, session: Session, principal: Principal) -> None:
+    """Take one of the team's requests this minute (`backend.rate_limit`), or refuse."""
+    limiter: RateLimiter = request.app.state.rate_limiter
+    team, settings = principal.team_id, get_settings(request)
+    per_minute = limiter.limit_of(
+        team, lambda: team_limits(session, settings, team).requests_per_minute
+    )
+    wait_s = limiter.take(team, per_minute)
+    if wait_s > 0:
+        raise rate_limited(per_minute, wait_s)
+
+
+def principal_of(request: Request, session: Session) -> Principal:
+    """The caller of `request`, looked up in `session` (401 when unknown)."""
     header = request.headers.get("authorization", "")
     if header:
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise ApiError(401, "unauthorized", "Authorization must be 'Bearer <token>'")
-        found = principal_from_token(session, secret.strip())
+        try:
+            found = principal_from_token(session, secret.strip())
+        except TokenExpired as exc:
+            raise ApiError(401, "token_expired", f"token expired at "
+                           f"{exc.expired_at.isoformat()}: create a new one",
+                           expired_at=exc.expired_at.isoformat()) from None  # fmt: skip
         if found is None:
             raise ApiError(401, "unauthorized", "unknown or revoked API token")
         return found

@@ -8,6 +8,12 @@ can never finish, fail or beat it again.
 
 Claiming is exclusive: PostgreSQL locks the candidate row (`FOR UPDATE SKIP LOCKED`), SQLite
 takes the database write lock at BEGIN (`BEGIN IMMEDIATE`).
+
+Claiming is fair across teams (`backend/tenancy.py` has their limits): the next job is that
+of the team served least recently (whose latest claimed job started longest ago, or never),
+its oldest job first, so one team's long queue cannot hold another team's job for more than
+one of its jobs per free worker. A team running its `max_running_jobs` is skipped; creating
+a job beyond a team's `max_queued_jobs` is a 429.
 """
 
 from __future__ import annotations
@@ -16,18 +22,22 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.db import transaction
-from backend.orm import Job, utcnow
+from backend.errors import ApiError
+from backend.orm import Job, Team, TeamLimits, utcnow
 from backend.settings import Settings
+from backend.tenancy import team_limits
 
 #: Job states; the last four are final.
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out")
 FINAL = frozenset(STATES[2:])
 KINDS = ("plan", "verify", "compare", "search")
 
+#: the Retry-After of a 429 `too_many_jobs` (seconds)
+QUEUE_RETRY_S = 30
 Factory = sessionmaker[Session]
 #: Writes a job's resource rows and artifacts inside `finish`'s transaction.
 Store = Callable[[Session, Job], None]
@@ -41,25 +51,52 @@ def enqueue(
     payload: dict[str, Any],
     deadline_s: float | None = None,
 ) -> Job:
-    """Add a queued job (flushed, not committed: the caller commits it with its resource)."""
+    """Add a queued job (flushed, not committed: the caller commits it with its resource).
+
+    Its deadline is `deadline_s`, else the team's `job_deadline_s` limit. A team that already
+    has its `max_queued_jobs` queued or running gets a 429 `too_many_jobs` instead (on
+    PostgreSQL the team's row is locked while counting, so concurrent creates cannot
+    overshoot; SQLite writes one at a time anyway)."""
     assert kind in KINDS, kind
+    limits = team_limits(session, settings, team_id)
+    _check_queue_room(session, team_id, limits.max_queued_jobs)
     job = Job(
         team_id=team_id,
         kind=kind,
         payload=payload,
         max_attempts=settings.max_attempts,
-        deadline_s=settings.job_deadline_s if deadline_s is None else deadline_s,
+        deadline_s=limits.job_deadline_s if deadline_s is None else deadline_s,
     )
     session.add(job)
     session.flush()
     return job
 
 
-def _locked(session: Session, stmt: Select[Job]) -> Select[Job]:
-    """`stmt` with a row lock on PostgreSQL (SQLite already holds the write lock)."""
+def _lock_team(session: Session, team_id: int) -> None:
+    """Hold the team's row until the transaction ends (PostgreSQL), so that counting its
+    jobs and adding or claiming one is done by one transaction at a time."""
     if session.get_bind().dialect.name == "postgresql":
-        return stmt.with_for_update(skip_locked=True)
-    return stmt
+        session.execute(select(Team.id).where(Team.id == team_id).with_for_update())
+
+
+def _check_queue_room(session: Session, team_id: int, limit: int) -> None:
+    """429 `too_many_jobs` when the team has `limit` jobs queued or running."""
+    _lock_team(session, team_id)
+    active = session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.team_id == team_id, Job.status.in_(("queued", "running")))
+    )
+    if active is not None and active >= limit:
+        raise ApiError(
+            429,
+            "too_many_jobs",
+            f"the team has {active} jobs queued or running, its limit is {limit}: wait for "
+            "some to finish (or cancel some) and try again",
+            headers={"Retry-After": str(QUEUE_RETRY_S)},
+            limit=limit,
+            active=active,
+        )
 
 
 def _end(job: Job, status: str, message: str, error: dict[str, Any] | None = None) -> None:
@@ -67,28 +104,63 @@ def _end(job: Job, status: str, message: str, error: dict[str, Any] | None = Non
     job.finished_at = utcnow()
 
 
+def _candidates(session: Session, settings: Settings, full: set[int]) -> Select[Job]:
+    """The claimable jobs, fairest first: queued or running with a stale heartbeat (its
+    worker died), of teams below their `max_running_jobs` (and not in `full`); the team
+    served least recently first (its latest claim started longest ago, or never), then
+    the team's oldest job."""
+    stale = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+    live = and_(Job.status == "running", Job.heartbeat_at >= stale)
+    running = (
+        select(Job.team_id, func.count().label("n")).where(live).group_by(Job.team_id).subquery()
+    )
+    served = (
+        select(Job.team_id, func.max(Job.started_at).label("last")).group_by(Job.team_id).subquery()
+    )
+    cap = func.coalesce(TeamLimits.max_running_jobs, settings.team_max_running_jobs)
+    lost = and_(Job.status == "running", or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale))
+    stmt = (
+        select(Job)
+        .outerjoin(running, running.c.team_id == Job.team_id)
+        .outerjoin(served, served.c.team_id == Job.team_id)
+        .outerjoin(TeamLimits, TeamLimits.team_id == Job.team_id)
+        .where(or_(Job.status == "queued", lost), func.coalesce(running.c.n, 0) < cap)
+        .order_by(served.c.last.asc().nulls_first(), Job.created_at, Job.id)
+        .limit(1)
+    )
+    if full:
+        stmt = stmt.where(Job.team_id.not_in(full))
+    if session.get_bind().dialect.name == "postgresql":
+        return stmt.with_for_update(skip_locked=True, of=Job)
+    return stmt
+
+
+def _running_room(session: Session, settings: Settings, team_id: int) -> bool:
+    """Whether the team runs fewer live jobs than its `max_running_jobs`, counted under the
+    team's row lock (PostgreSQL: two workers claiming for one team at once take turns)."""
+    _lock_team(session, team_id)
+    stale = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+    live = session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.team_id == team_id, Job.status == "running", Job.heartbeat_at >= stale)
+    )
+    return (live or 0) < team_limits(session, settings, team_id).max_running_jobs
+
+
 def claim(factory: Factory, settings: Settings, worker_id: str) -> Job | None:
-    """Take the oldest job that is queued, or running with a stale heartbeat (its worker
-    died); None when there is none.
+    """Take the fairest claimable job (`_candidates`: queued, or running with a stale
+    heartbeat; across teams the one served least recently, below its running limit);
+    None when there is none.
 
     The claim counts an attempt; a job that has used up `max_attempts` is marked failed
     (`worker_lost`) instead and the next candidate is tried. A dead worker's job whose
     cancellation was requested is marked cancelled.
     """
+    full: set[int] = set()  # teams found at their running limit by the exact count
     while True:
         with transaction(factory, immediate=True) as session:
-            stale = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
-            running_lost = and_(
-                Job.status == "running",
-                or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale),
-            )
-            stmt = (
-                select(Job)
-                .where(or_(Job.status == "queued", running_lost))
-                .order_by(Job.created_at, Job.id)
-                .limit(1)
-            )
-            job: Job | None = session.scalars(_locked(session, stmt)).first()
+            job: Job | None = session.scalars(_candidates(session, settings, full)).first()
             if job is None:
                 return None
             if job.status == "running" and job.cancel_requested:
@@ -105,6 +177,9 @@ def claim(factory: Factory, settings: Settings, worker_id: str) -> Job | None:
                     "detail": {"attempts": job.attempts},
                 }
                 _end(job, "failed", message, error)
+                continue
+            if not _running_room(session, settings, job.team_id):
+                full.add(job.team_id)
                 continue
             now = utcnow()
             job.attempts += 1

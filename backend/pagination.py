@@ -8,6 +8,7 @@ that page (the query's own order decides what "next" means) and sets the headers
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -23,7 +24,7 @@ TOTAL_HEADER = "X-Total-Count"
 
 
 @dataclass
-class _Page:
+class PageWindow:
     """One page of a list: where it starts, how long it is, and the response to mark."""
 
     limit: int
@@ -33,25 +34,45 @@ class _Page:
 
     def rows(self, session: Session, query: Select[Any]) -> list[Any]:
         """The page's rows of `query` (ordered), with the total and the next page's link."""
+        return list(session.scalars(self.window(session, query)))
+
+    def headers(self) -> dict[str, str]:
+        """The page's headers (total, next link), for a route that answers a Response."""
+        names = (TOTAL_HEADER.lower(), "link")
+        return {k: v for k, v in self.response.headers.items() if k.lower() in names}
+
+    def window(self, session: Session, query: Select[Any]) -> Select[Any]:
+        """`query` limited to this page; counts its rows for the total and the next link."""
         total = session.scalar(select(func.count()).select_from(query.order_by(None).subquery()))
-        self.response.headers[TOTAL_HEADER] = str(total or 0)
-        if self.offset + self.limit < (total or 0):
+        self.count(total or 0)
+        return query.limit(self.limit).offset(self.offset)
+
+    def count(self, total: int) -> None:
+        """Set the total and, where more follow, the next page's link."""
+        self.response.headers[TOTAL_HEADER] = str(total)
+        if self.offset + self.limit < total:
             following = self.request.url.include_query_params(
                 limit=self.limit, offset=self.offset + self.limit
             )
             self.response.headers["Link"] = f'<{following}>; rel="next"'
-        return list(session.scalars(query.limit(self.limit).offset(self.offset)))
 
 
-def _page(
-    request: Request,
-    response: Response,
-    limit: Annotated[
-        int, Query(ge=1, le=MAX_LIMIT, description=f"Rows per page, 1 to {MAX_LIMIT}.")
-    ] = DEFAULT_LIMIT,
-    offset: Annotated[int, Query(ge=0, description="Rows to skip.")] = 0,
-) -> _Page:
-    return _Page(limit, offset, request, response)
+def pages(default: int, most: int, unit: str = "Rows") -> Callable[..., PageWindow]:
+    """A page dependency with its own page size: `default` rows unless asked, `most` at
+    most (`Page` is the lists'; large documents page by their own unit, e.g. ops):
+    `Annotated[PageWindow, Depends(pages(...))]`."""
+
+    # defaults, not Annotated: the annotations are strings here (`from __future__`), and
+    # FastAPI could not resolve `most` and `unit` in them
+    def page(
+        request: Request,
+        response: Response,
+        limit: int = Query(default, ge=1, le=most, description=f"{unit} per page, 1 to {most}."),
+        offset: int = Query(0, ge=0, description=f"{unit} to skip."),
+    ) -> PageWindow:
+        return PageWindow(limit, offset, request, response)
+
+    return page
 
 
-Page = Annotated[_Page, Depends(_page)]
+Page = Annotated[PageWindow, Depends(pages(DEFAULT_LIMIT, MAX_LIMIT))]

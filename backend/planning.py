@@ -1,6 +1,7 @@
 """Queueing a plan build, shared by plans, checks and new strategy versions: the cheap
 refusals the engine can make at once (a mesh too large, a mesh larger than the cluster,
-annotations that do not fit the model) and the plan and job rows the worker picks up.
+annotations that do not fit the model, a build estimated to outlast the team's job
+deadline) and the plan and job rows the worker picks up.
 
 Nothing here commits: the caller commits the plan with whatever else its request stores.
 """
@@ -16,53 +17,41 @@ from backend.errors import ApiError, user_input
 from backend.orm import Job, Model, Plan
 from backend.orm import Strategy as StrategyRow
 from backend.settings import Settings
+from backend.tenancy import team_limits
 from shardlab.autodiff import training_graph
 from shardlab.cost.clusters import check_mesh_fits, cluster_from_dict
+from shardlab.cost.effort import Effort, plan_effort
 from shardlab.graph_json import graph_from_json
 from shardlab.passes.manager import resolve_passes
 from shardlab.spmd.constraints import resolve_annotations
 from shardlab.strategy import Strategy
 
-#: The most devices a mesh may have (the engine lists every rank of a mesh).
-MAX_MESH_DEVICES = 1 << 20
-
-
-def _check_mesh_size(mesh: str) -> None:
-    """Refuse absurd meshes before the engine enumerates their ranks."""
-    devices = 1
-    for token in mesh.split(","):
-        size = token.partition("=")[2].strip()
-        if size.isascii() and size.isdigit():
-            devices *= int(size) if len(size) <= 9 else MAX_MESH_DEVICES + 1
-        if devices > MAX_MESH_DEVICES:
-            raise ApiError(
-                422,
-                "invalid_mesh",
-                f"mesh {mesh!r} has more than {MAX_MESH_DEVICES} devices",
-                mesh=mesh,
-                limit=MAX_MESH_DEVICES,
-            )
-
 
 def engine_strategy(
     mesh: str, templates: list[str], annotations: list[str], options: dict[str, Any]
 ) -> Strategy:
-    """The engine's Strategy; its errors name the mesh axis, template, annotation or pass."""
-    _check_mesh_size(mesh)
+    """The engine's Strategy; its errors name the mesh axis, template, annotation or pass.
+    Absurd meshes (`shardlab.mesh.MAX_MESH_AXES`, `MAX_MESH_DEVICES`) are refused by the
+    mesh parser before it enumerates their ranks."""
     with user_input("invalid_strategy", "invalid strategy"):
         strategy = Strategy.build(mesh, templates, annotations, options)
         resolve_passes(options.get("passes"))
     return strategy
 
 
-def check_plan(model: Model, row: StrategyRow, spec: dict[str, Any] | None) -> None:
+def check_plan(
+    model: Model, row: StrategyRow, spec: dict[str, Any] | None, deadline_s: float | None = None
+) -> None:
     """Refuse at once what the worker would fail on before its first pass, with the engine's
     own errors: a mesh larger than the cluster (as `cost_program`), and annotations (the
     templates' and the user's) that match no value or do not divide a dim evenly. This runs
     `resolve_annotations` on the training graph the worker builds, so the check and the
-    worker cannot disagree; for llama3-8b (32 layers) it costs about 0.1 s."""
+    worker cannot disagree; for llama3-8b (32 layers) it costs about 0.1 s. With a
+    `deadline_s` (the team's job deadline, `plan_deadline`), a plan whose build is estimated
+    to take longer is refused too (`check_effort`)."""
     strategy = engine_strategy(row.mesh, row.templates, row.annotations, row.options)
     mesh = strategy.mesh
+    cluster = None
     if spec is not None:
         cluster = cluster_from_dict(spec)
         check_mesh_fits(mesh, cluster)
@@ -71,6 +60,34 @@ def check_plan(model: Model, row: StrategyRow, spec: dict[str, Any] | None) -> N
     optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
     training = training_graph(graph, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
     resolve_annotations(training, strategy)
+    if deadline_s is not None:
+        per_node = cluster.devices_per_node if cluster is not None else None
+        check_effort(plan_effort(len(training.ops), mesh, per_node), deadline_s)
+
+
+def plan_deadline(session: Session, settings: Settings, team_id: int) -> float:
+    """The deadline a new job of the team gets (its limit, else the default), in seconds."""
+    return team_limits(session, settings, team_id).job_deadline_s
+
+
+def check_effort(effort: Effort, deadline_s: float) -> None:
+    """422 `too_expensive` when a plan's estimated build (`shardlab.cost.effort`) is longer
+    than the job's deadline: it would hold a worker and time out. A plan that is only
+    expensive (within the deadline) passes."""
+    if effort.seconds <= deadline_s:
+        return
+    raise ApiError(
+        422,
+        "too_expensive",
+        f"this plan would take {effort.describe()} to build, more than the team's job "
+        f"deadline of {deadline_s:g} s: use a smaller mesh, fewer layers, or a cluster whose "
+        "nodes hold whole groups of the mesh",
+        estimate_s=round(effort.seconds, 1),
+        deadline_s=deadline_s,
+        ops=effort.ops,
+        devices=effort.devices,
+        mixed_roles=effort.mixed_roles,
+    )
 
 
 def queue_plan(

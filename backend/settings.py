@@ -23,11 +23,27 @@ class Settings:
     heartbeat_interval_s: float = 2.0
     #: attempts before a job whose workers keep dying is marked failed
     max_attempts: int = 3
-    #: default wall-clock limit of a job
-    job_deadline_s: float = 3600.0
+    #: default wall-clock limit of a job (a team's `job_deadline_s` limit overrides it)
+    job_deadline_s: float = 900.0
+    #: per-team defaults (`backend/tenancy.py`; an admin sets a team's own in `team_limits`):
+    #: jobs of a team running at once (workers skip the team's queued jobs beyond it)
+    team_max_running_jobs: int = 2
+    #: jobs of a team queued or running; a create beyond it is a 429 `too_many_jobs`
+    team_max_queued_jobs: int = 50
+    #: API requests a minute per team, per API process (a burst of a minute's worth is
+    #: allowed); beyond it a 429 `rate_limited`
+    team_requests_per_minute: int = 600
+    #: address space of the engine process running one job; beyond it `out_of_memory`
+    job_memory_bytes: int = 8 * 1024**3
     #: lifetime of a browser session and of the one-time login link
     session_ttl_s: float = 14 * 24 * 3600.0
     login_link_ttl_s: float = 24 * 3600.0
+    #: API requests served at once (`backend/admission.py`); the database pool holds as many
+    api_slots: int = 16
+    #: of those, writes at once (0: 2 on SQLite, which serializes writes, else half)
+    api_write_slots: int = 0
+    #: longest wait for a slot before a 503 with Retry-After
+    api_wait_s: float = 10.0
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Settings:
@@ -45,8 +61,15 @@ class Settings:
             "heartbeat_interval_s",
             "max_attempts",
             "job_deadline_s",
+            "team_max_running_jobs",
+            "team_max_queued_jobs",
+            "team_requests_per_minute",
+            "job_memory_bytes",
             "session_ttl_s",
             "login_link_ttl_s",
+            "api_slots",
+            "api_write_slots",
+            "api_wait_s",
         ):
             raw = env.get(f"SHARDLAB_{name.upper()}")
             if raw is None:

@@ -7,7 +7,7 @@ anything is measured, so every `GET /api/plans/{id}` answers with a summary. The
 each on one keep-alive connection, issue sequential requests against each endpoint in turn;
 each request's wall-clock latency is taken at the client.
 
-The load is sent by a minimal HTTP/1.1 client on asyncio streams (`_Connection`), not httpx:
+The load is sent by a minimal HTTP/1.1 client on asyncio streams (`bench/api_client.py`), not httpx:
 on a 2-core machine httpx's `AsyncClient` spent more CPU per request than the server did on
 `GET /api/plans/{id}`, so its figures measured the client as much as the server. httpx
 still does the setup requests.
@@ -19,10 +19,8 @@ each plan in a spawned child process, which re-imports `__main__`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +37,7 @@ from backend import migrate
 from backend.auth import create_token, ensure_team
 from backend.db import make_engine, session_factory, transaction
 from backend.settings import Settings
+from bench.api_client import Connection, free_port, wait_healthy
 from bench.common import Section
 from worker.main import Worker
 
@@ -77,50 +76,6 @@ class Load:
     client_cpu: float  # CPU seconds of this (the client's) process meanwhile
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection: GET requests, answers with a Content-Length body."""
-
-    def __init__(self, port: int, headers: dict[str, str]) -> None:
-        self.port = port
-        self.extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-
-    async def get(self, path: str) -> tuple[int, bytes]:
-        if self.streams is None:
-            self.streams = await asyncio.open_connection(HOST, self.port)
-        reader, writer = self.streams
-        writer.write(
-            f"GET {path} HTTP/1.1\r\nHost: {HOST}:{self.port}\r\n{self.extra}\r\n".encode()
-        )
-        head = await reader.readuntil(b"\r\n\r\n")
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        fields = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            fields[name.strip().lower()] = value.strip()
-        if "content-length" not in fields:
-            raise ValueError(f"answer without Content-Length: {status_line}")
-        body = await reader.readexactly(int(fields["content-length"]))
-        if fields.get("connection", "").lower() == "close":
-            await self.close()
-        return int(status_line.split()[1]), body
-
-    async def close(self) -> None:
-        if self.streams is not None:
-            writer = self.streams[1]
-            self.streams = None
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _process_cpu(pid: int) -> float | None:
     """User + system CPU seconds of process `pid` (Linux /proc; None elsewhere)."""
     try:
@@ -149,20 +104,6 @@ def _start_server(env: dict[str, str], port: int, log: Path) -> subprocess.Popen
     command += ["--host", HOST, "--port", str(port)]
     with log.open("wb") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
-def _wait_healthy(server: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"server exited with {server.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server not healthy after {START_TIMEOUT_S:.0f} s:\n{log.read_text()}")
 
 
 def _stop_server(server: subprocess.Popen[bytes]) -> None:
@@ -215,7 +156,7 @@ async def _clients(
     errors: list[str] = []
 
     async def client(index: int) -> None:
-        connection = _Connection(port, headers)
+        connection = Connection(HOST, port, headers)
         try:
             for n in range(index, total, CLIENTS):
                 start = time.perf_counter()
@@ -289,16 +230,20 @@ def run() -> Section:
     with tempfile.TemporaryDirectory(prefix="shardlab-bench-api-") as tmp:
         data_dir = Path(tmp) / "data"
         url = f"sqlite:///{data_dir / 'shardlab.db'}"
-        env = {"SHARDLAB_DATA_DIR": str(data_dir), "SHARDLAB_DATABASE_URL": url}
+        env = {
+            "SHARDLAB_DATA_DIR": str(data_dir),
+            "SHARDLAB_DATABASE_URL": url,
+            "SHARDLAB_TEAM_REQUESTS_PER_MINUTE": str(10**9),
+        }  # measured: not limited
         settings = Settings.from_env(env)
         migrate.upgrade(url)
         headers = {"Authorization": f"Bearer {_token(settings)}"}
-        port = _free_port()
+        port = free_port()
         base = f"http://{HOST}:{port}"
         log = Path(tmp) / "server.log"
         server = _start_server({**os.environ, **env}, port, log)
         try:
-            _wait_healthy(server, base, log)
+            wait_healthy(server, base, log)
             with httpx.Client(base_url=base, headers=headers, timeout=60.0) as client:
                 plan_ids = _create_plans(client, PLANS)
                 started = time.perf_counter()

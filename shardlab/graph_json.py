@@ -1,7 +1,9 @@
 """The versioned JSON form of a graph (`"format": "shardlab.graph/1"`).
 
 `graph_to_json` and `graph_from_json` round-trip exactly. Parsing errors name the value or
-op (and the JSON field) at fault. The published JSON schema is
+op (and the JSON field) at fault; a document with control characters in any string, or nested
+deeper than `shardlab.user_json.MAX_JSON_DEPTH`, is refused naming where. Shapes are limited
+as `shardlab.ir` documents (`MAX_DIM`, `MAX_ELEMENTS`). The published JSON schema is
 `shardlab/schema/graph-1.schema.json` (`GRAPH_SCHEMA_PATH`).
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 
 from shardlab.errors import GraphError
 from shardlab.ir import Graph, Op, OpRole, TensorType, Value, ValueKind
+from shardlab.user_json import json_problem, path_text
 
 GRAPH_FORMAT = "shardlab.graph/1"
 GRAPH_SCHEMA_PATH = Path(__file__).parent / "schema" / "graph-1.schema.json"
@@ -63,6 +66,7 @@ def graph_from_json(data: Any) -> Graph:
     """Parse the JSON form; structural errors raise `GraphError` naming the culprit."""
     if not isinstance(data, dict):
         raise GraphError(f"a graph document must be a JSON object, not {_kind(data)}")
+    _check_text(data)
     fmt = data.get("format")
     if fmt != GRAPH_FORMAT:
         raise GraphError(
@@ -94,6 +98,17 @@ def loads_graph(text: str, source: str = "<string>") -> Graph:
             column=exc.colno,
         ) from None
     return graph_from_json(data)
+
+
+def _check_text(data: dict[str, Any]) -> None:
+    """Refuse control characters in any string (names of ops and values, attrs, meta) and
+    absurd nesting (`shardlab.user_json`), naming where."""
+    problem = json_problem(data)
+    if problem is None:
+        return
+    where = path_text(problem.path)
+    at = f" at {where}" if where else ""
+    raise GraphError(f"the graph document{at}: {problem.message}", field=where or None)
 
 
 _JSON_KINDS: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}

@@ -28,6 +28,11 @@ DTYPE_BYTES: dict[str, int] = {
 }
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 INT_DTYPES = frozenset({"int64", "int32"})
+#: The largest dim of a value: a signed 32-bit integer (every real model's dims are far less).
+MAX_DIM = 2**31 - 1
+#: The most elements of one value: at 8 bytes each (the widest dtype), its size in bytes must
+#: fit a signed 64-bit integer, as numpy's and the cost model's size arithmetic needs.
+MAX_ELEMENTS = 2**63 // 8 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +149,8 @@ class Graph:
     """A serial program: values with global shapes and ops in topological order.
 
     The constructor checks structure and raises `GraphError` naming the offending op or
-    value: empty or duplicate names, unknown dtypes, non-positive dims, ops that read
+    value: empty or duplicate names, unknown dtypes, dims that are not positive or over
+    `MAX_DIM`, values of more than `MAX_ELEMENTS` elements, ops that read
     or write unknown values, values produced twice, non-source values never produced,
     and cycles. Ops are stored in a topological order that keeps the given order
     wherever it is already valid.
@@ -318,6 +324,23 @@ def _check_value(value: Value) -> None:
                 value=value.name,
                 dim=i,
             )
+        if dim > MAX_DIM:
+            raise GraphError(
+                f"value {value.name!r} has dim {i} of size {dim}; dims must be at most "
+                f"{MAX_DIM} (2^31 - 1)",
+                value=value.name,
+                dim=i,
+                size=dim,
+                limit=MAX_DIM,
+            )
+    if t.numel > MAX_ELEMENTS:
+        raise GraphError(
+            f"value {value.name!r} of shape {list(t.shape)} has {t.numel} elements; a value may "
+            f"have at most {MAX_ELEMENTS} (2^60 - 1: its size in bytes must fit 64 bits)",
+            value=value.name,
+            elements=t.numel,
+            limit=MAX_ELEMENTS,
+        )
     try:
         ValueKind(value.kind)
     except ValueError:

@@ -2,7 +2,9 @@
 
 A `Mesh` lays ranks out row-major over its shape; `groups` gives the rank groups that
 communicate along one mesh axis and `submesh` cuts out one slice (a pipeline stage).
-Text form: `dp=2,tp=4`.
+Text form: `dp=2,tp=4`. A mesh has at most `MAX_MESH_AXES` axes and `MAX_MESH_DEVICES`
+devices (every rank is listed), checked before any rank is enumerated; the service and the
+CLI refuse the same meshes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.errors import MeshError
+
+#: The most axes a mesh may have (real meshes have up to four or five: pp, dp, fsdp, tp, ...).
+MAX_MESH_AXES = 8
+#: The most devices a mesh may have (the engine lists every rank of a mesh).
+MAX_MESH_DEVICES = 1 << 20
+#: Device counts from here on are shown as "over 10^18" (and axis sizes of more digits
+#: than that are read as it: Python's int() refuses thousands of digits).
+HUGE = 10**18
 
 
 def _is_int(x: object) -> bool:
@@ -38,6 +48,9 @@ class Mesh:
     _groups: dict[tuple[int, int], tuple[int, ...]] = field(
         init=False, repr=False, compare=False, hash=False
     )
+    #: the hash, taken once: a mesh of 2^20 ranks keys many caches (local shapes, roles);
+    #: of ints only, so a pickled mesh keeps a valid hash in another process
+    _hash: int = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         shape = _as_tuple(self.shape, "shape")
@@ -69,6 +82,8 @@ class Mesh:
                     size=repr(size),
                 )
         size = math.prod(shape)
+        if len(shape) > MAX_MESH_AXES or size > MAX_MESH_DEVICES:
+            check_mesh_size(_text(shape, names), len(shape), size)
         if not ranks:
             ranks = tuple(range(size))
         position: dict[int, int] = {}
@@ -93,6 +108,10 @@ class Mesh:
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "_position", position)
         object.__setattr__(self, "_groups", {})
+        object.__setattr__(self, "_hash", hash((shape, ranks)))  # no str: same in every process
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def ndim(self) -> int:
@@ -169,10 +188,13 @@ class Mesh:
         k = self.axis_index(axis)
         known = self._groups.get((rank, k))
         if known is None:
-            coord = list(self.coord(rank))
-            known = tuple(
-                self.rank_at((*coord[:k], c, *coord[k + 1 :])) for c in range(self.shape[k])
-            )
+            pos = self._position.get(rank)
+            if pos is None:
+                raise MeshError(f"rank {rank} is not in mesh {self}", rank=rank)
+            # row-major: the group is the positions `stride` apart around `pos` on axis k
+            stride = math.prod(self.shape[k + 1 :])
+            start = pos - (pos // stride) % self.shape[k] * stride
+            known = self.ranks[start : start + stride * self.shape[k] : stride]
             self._groups[(rank, k)] = known
         return known
 
@@ -201,9 +223,11 @@ class Mesh:
         """Parse the text form `dp=2,tp=4`."""
         if not text.strip():
             raise MeshError("empty mesh text; expected e.g. 'dp=2,tp=4'", text=text)
+        tokens = text.split(",")
+        check_mesh_size(text, len(tokens), 1)
         shape: list[int] = []
         names: list[str] = []
-        for i, token in enumerate(text.split(",")):
+        for i, token in enumerate(tokens):
             name, sep, size = (part.strip() for part in token.partition("="))
             if not sep or not name or not size:
                 raise MeshError(
@@ -219,7 +243,8 @@ class Mesh:
                     token=token.strip(),
                 )
             names.append(name)
-            shape.append(int(size))
+            shape.append(_axis_size(size))
+            check_mesh_size(text, len(tokens), math.prod(shape))
         return cls(tuple(shape), tuple(names))
 
     def __str__(self) -> str:
@@ -249,6 +274,33 @@ class Mesh:
             _as_tuple(data["axis_names"], "axis_names"),
             _as_tuple(data.get("ranks", ()), "ranks"),
         )
+
+
+def check_mesh_size(text: str, axes: int, devices: int) -> None:
+    """Refuse a mesh (`text`, shown cut short) of more than `MAX_MESH_AXES` axes or
+    `MAX_MESH_DEVICES` devices, naming the count and the limit."""
+    shown = text if len(text) <= 80 else f"{text[:77]}..."
+    if axes > MAX_MESH_AXES:
+        raise MeshError(
+            f"mesh {shown!r} has {axes} axes, more than the limit of {MAX_MESH_AXES}",
+            mesh=shown,
+            axes=axes,
+            limit=MAX_MESH_AXES,
+        )
+    if devices > MAX_MESH_DEVICES:
+        count = str(devices) if devices < HUGE else "over 10^18"
+        raise MeshError(
+            f"mesh {shown!r} has {count} devices, more than the limit of {MAX_MESH_DEVICES}",
+            mesh=shown,
+            devices=min(devices, HUGE),
+            limit=MAX_MESH_DEVICES,
+        )
+
+
+def _axis_size(digits: str) -> int:
+    """The size an axis' digits spell, or `HUGE` for more than 18 significant digits."""
+    significant = digits.lstrip("0")
+    return int(significant or "0") if len(significant) <= 18 else HUGE
 
 
 def _text(shape: Sequence[object], names: Sequence[object]) -> str:

@@ -2,14 +2,21 @@
 
 The child never touches the database. It sends messages on a queue:
 `("progress", fraction, message)` while it works, then exactly one of
-`("result", data)` or `("error", {code, message, detail})`. It exits on its own when its
-parent (the worker) dies, so a killed worker leaves no engine running.
+`("result", data)`, `("error", {code, message, detail})` (a user error, shown as it is) or
+`("crash", {error, traceback})` (an engine bug: the worker logs it and shows the user only a
+reference). It exits on its own when its parent (the worker) dies, so a killed worker leaves
+no engine running.
+
+The child's address space is capped (`RLIMIT_AS`) at the team's `job_memory_bytes`: an
+allocation beyond it raises MemoryError, answered as the error `out_of_memory` naming the
+limit (the worker says the same of a child killed by a signal before it answered).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import signal
 import threading
 import time
@@ -30,8 +37,46 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
-def child_main(kind: str, inputs: dict[str, Any], queue: Queue[Any], parent: int) -> None:
-    """Run job `kind` on `inputs`, reporting progress and the outcome on `queue`."""
+def gib(n_bytes: float) -> str:
+    """`n_bytes` in GiB for messages: `8 GiB`, `0.5 GiB`."""
+    return f"{n_bytes / 1024**3:.3g} GiB"
+
+
+def out_of_memory(limit_bytes: int | None, how: str) -> dict[str, Any]:
+    """The job's error when its engine process ran out of memory (`how`: what happened)."""
+    if limit_bytes is None:
+        return {"code": "out_of_memory", "message": f"the job ran out of memory ({how})",
+                "detail": {"how": how}}  # fmt: skip
+    return {
+        "code": "out_of_memory",
+        "message": f"the job ran out of memory ({how}): its engine process may use at most "
+        f"{gib(limit_bytes)} (the team's job_memory_bytes limit)",
+        "detail": {"how": how, "limit_bytes": limit_bytes},
+    }
+
+
+def cap_memory(limit_bytes: int | None) -> None:
+    """Limit this process's address space to `limit_bytes` (RLIMIT_AS; never above the hard
+    limit it was given): an allocation beyond it fails (MemoryError) instead of the machine
+    swapping or the kernel killing a bystander."""
+    if limit_bytes is None:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def child_main(
+    kind: str,
+    inputs: dict[str, Any],
+    queue: Queue[Any],
+    parent: int,
+    memory_bytes: int | None = None,
+) -> None:
+    """Run job `kind` on `inputs`, reporting progress and the outcome on `queue`; the process
+    may use at most `memory_bytes` of address space (None: no cap), the engine's imports
+    included (about 150 MiB virtual for numpy and the engine)."""
+    cap_memory(memory_bytes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the worker's to handle
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     from shardlab.errors import ShardlabError
@@ -47,32 +92,26 @@ def child_main(kind: str, inputs: dict[str, Any], queue: Queue[Any], parent: int
     except ShardlabError as exc:
         queue.put(("error", jsonable(exc.to_dict())))
     except MemoryError:
+        queue.put(("error", out_of_memory(memory_bytes, "an allocation failed")))
+    except Exception as exc:  # an engine bug: for the worker's log, not for the user
         queue.put(
             (
-                "error",
-                {"code": "out_of_memory", "message": "the job ran out of memory", "detail": {}},
-            )
-        )
-    except Exception as exc:  # an engine bug: report it rather than die silently
-        queue.put(
-            (
-                "error",
-                {
-                    "code": "internal_error",
-                    "message": f"the engine failed: {type(exc).__name__}: {exc}",
-                    "detail": {"traceback": traceback.format_exc(limit=8)},
-                },
+                "crash",
+                {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()},
             )
         )
 
 
-def start_child(kind: str, inputs: dict[str, Any]) -> tuple[SpawnProcess, Queue[Any]]:
-    """Spawn the engine process for one job; returns it and the queue it reports on."""
+def start_child(
+    kind: str, inputs: dict[str, Any], memory_bytes: int | None = None
+) -> tuple[SpawnProcess, Queue[Any]]:
+    """Spawn the engine process for one job, its address space capped at `memory_bytes`;
+    returns it and the queue it reports on."""
     ctx = multiprocessing.get_context("spawn")
     queue: Queue[Any] = ctx.Queue()
     proc = ctx.Process(
         target=child_main,
-        args=(kind, inputs, queue, os.getpid()),
+        args=(kind, inputs, queue, os.getpid(), memory_bytes),
         name=f"shardlab-{kind}",
         daemon=True,
     )

@@ -1,11 +1,16 @@
 """The worker loop: claim a job, run it in a child process, beat, store the outcome.
 
+An engine bug's traceback is logged here under a short reference (`internal_error`); the job's
+error shows the user only a message and the reference.
+
 `Worker.run_one()` handles at most one job (tests call it in-process); `Worker.run()` loops
 until `stop()` (SIGTERM / SIGINT in `shardlab worker`). While the child works the worker
 beats every `heartbeat_interval_s` (and when progress changes), kills the child when the
 job's cancellation is requested (-> cancelled), when its `deadline_s` passes (-> timed_out),
 or when the job was taken over by another worker (nothing written), and on shutdown gives
-the job back to the queue.
+the job back to the queue. The child's address space is capped at the team's
+`job_memory_bytes` (`backend/tenancy.py`, read when the job is claimed): running out of it,
+or being killed by a signal before answering, fails the job with `out_of_memory`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import queue as queues
+import secrets
 import socket
 import threading
 import time
@@ -26,14 +32,35 @@ from backend import ledger
 from backend.db import make_engine, session_factory
 from backend.orm import Job
 from backend.settings import Settings
+from backend.tenancy import team_limits
 from shardlab.errors import ShardlabError
-from worker.child import start_child, stop_child
+from worker.child import out_of_memory, start_child, stop_child
 from worker.jobs import load_inputs, outcome
 
 log = logging.getLogger("shardlab.worker")
 
 #: At most one progress write per this many seconds (heartbeats aside).
 PROGRESS_WRITE_S = 0.2
+
+
+def internal_error(job: Job, crash: dict[str, Any]) -> dict[str, Any]:
+    """The job's error for an engine bug: a message and a short random reference; the
+    traceback goes to this worker's log (ERROR) under that reference, never to the user."""
+    reference = secrets.token_hex(4)
+    log.error(
+        "job %s (%s): engine failure, reference %s: %s\n%s",
+        job.id,
+        job.kind,
+        reference,
+        crash.get("error", "?"),
+        str(crash.get("traceback", "")).rstrip(),
+    )
+    return {
+        "code": "internal_error",
+        "message": f"the engine failed unexpectedly; report reference {reference} "
+        "(the server log has the details)",
+        "detail": {"reference": reference},
+    }
 
 
 def default_worker_id() -> str:
@@ -79,13 +106,14 @@ class Worker:
         try:
             with self.factory() as session:
                 inputs = load_inputs(session, job)
+                memory = team_limits(session, self.settings, job.team_id).job_memory_bytes
         except ShardlabError as exc:
             ledger.fail(self.factory, job.id, self.worker_id, exc.to_dict())
             return job
-        proc, channel = start_child(job.kind, inputs)
+        proc, channel = start_child(job.kind, inputs, memory)
         log.info("job %s (%s) attempt %s: engine pid %s", job.id, job.kind, job.attempts, proc.pid)
         try:
-            state, data = self._supervise(job, proc, channel)
+            state, data = self._supervise(job, proc, channel, memory)
         finally:
             stop_child(proc, channel)
         self._record(job, state, data)
@@ -109,6 +137,8 @@ class Worker:
                 ledger.fail(factory, job.id, wid, exc.to_dict())
         elif state == "error":
             ledger.fail(factory, job.id, wid, data)
+        elif state == "crash":
+            ledger.fail(factory, job.id, wid, internal_error(job, data))
         elif state == "stopped":  # cancel requested, or the job is no longer ours
             ledger.cancel(factory, job.id, wid)
         elif state == "timed_out":
@@ -116,8 +146,12 @@ class Worker:
         elif state == "shutdown":
             ledger.release(factory, job.id, wid)
 
-    def _supervise(self, job: Job, proc: SpawnProcess, channel: Queue[Any]) -> tuple[str, Any]:
-        """Watch the child until it answers or must be stopped: (state, data)."""
+    def _supervise(
+        self, job: Job, proc: SpawnProcess, channel: Queue[Any], memory: int
+    ) -> tuple[str, Any]:
+        """Watch the child until it answers or must be stopped: (state, data). A child
+        killed by a signal before answering (the kernel's OOM killer, an abort on a failed
+        allocation under its `memory` cap) ran out of memory."""
         start = last_beat = last_write = time.monotonic()
         progress, message, written = 0.0, "starting", True
         while True:
@@ -127,6 +161,8 @@ class Worker:
                 msg = None
                 if not proc.is_alive() and not self._stop.is_set():
                     code = proc.exitcode
+                    if code is not None and code < 0:
+                        return "error", out_of_memory(memory, f"killed by signal {-code}")
                     return "error", {
                         "code": "engine_crashed",
                         "message": f"the engine process exited with code {code} before "

@@ -45,6 +45,7 @@ def serve(
     from backend.app import create_app
     from backend.bootstrap import ADMIN_TEAM, admin_team_id, first_admin_link
     from backend.db import make_engine, session_factory, transaction
+    from backend.redact import uvicorn_log_config
     from backend.settings import Settings
 
     try:
@@ -89,7 +90,13 @@ def serve(
     # handler; make that an exception (not an instant death) so the worker is stopped too
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        uvicorn.run(
+            create_app(settings),
+            host=host,
+            port=port,
+            log_level="info",
+            log_config=uvicorn_log_config(),  # no login-link secrets in the access log
+        )
     finally:
         if worker is not None:
             _stop(worker)

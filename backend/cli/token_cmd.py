@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -48,9 +48,17 @@ def create(
         str | None,
         typer.Option("--user", help="Act as this member of TEAM (reviews are by people)."),
     ] = None,
+    expires_in_days: Annotated[
+        int | None,
+        typer.Option(
+            "--expires-in-days", min=1, max=3650, help="Expire after N days (default: never)."
+        ),
+    ] = None,
 ) -> None:
     """Create a token for TEAM (created if missing), or for one of its members with --user;
     prints only the secret, once."""
+    from datetime import timedelta
+
     from sqlalchemy import select
 
     from backend.auth import create_token, ensure_team
@@ -68,7 +76,10 @@ def create(
                 typer.echo(f"error: team {team!r} has no member {user!r} (admins add people "
                            "with POST /api/admin/users)", err=True)  # fmt: skip
                 raise typer.Exit(1)
-        secret = create_token(session, team_id, name, user_id=user_id)
+        expires_at = None
+        if expires_in_days is not None:
+            expires_at = datetime.now(UTC) + timedelta(days=expires_in_days)
+        secret = create_token(session, team_id, name, user_id=user_id, expires_at=expires_at)
     typer.echo(secret)
 
 
@@ -91,6 +102,7 @@ def list_tokens(team: TeamOption, as_json: JsonFlag = False) -> None:
                 "prefix": t.prefix,
                 "created_at": _iso(t.created_at),
                 "revoked_at": _iso(t.revoked_at) if t.revoked_at else None,
+                "expires_at": _iso(t.expires_at) if t.expires_at else None,
             }
             for t in sorted(rows, key=lambda t: t.id)
         ]
@@ -98,7 +110,7 @@ def list_tokens(team: TeamOption, as_json: JsonFlag = False) -> None:
         typer.echo(json.dumps(tokens, indent=2))
         return
     for t in tokens:
-        state = f"revoked {t['revoked_at']}" if t["revoked_at"] else "active"
+        state = _state(t)
         typer.echo(f"{t['id']:>5}  {t['prefix']}...  {t['name']:<24} {state}")
 
 
@@ -117,6 +129,18 @@ def revoke(token_id: Annotated[int, typer.Argument(metavar="ID", help="The token
         if token.revoked_at is None:
             token.revoked_at = datetime.now(UTC)
     typer.echo(f"token {token_id} revoked", err=True)
+
+
+def _state(token: dict[str, Any]) -> str:
+    """How `token list` describes a token: revoked, expired, expiring, or active."""
+    if token["revoked_at"]:
+        return f"revoked {token['revoked_at']}"
+    expires = token["expires_at"]
+    if expires is None:
+        return "active"
+    if datetime.fromisoformat(expires) <= datetime.now(UTC):
+        return f"expired {expires}"
+    return f"active, expires {expires}"
 
 
 def _iso(moment: datetime) -> str:

@@ -43,6 +43,7 @@ def _token_info(token: ApiToken) -> TokenInfo:
         prefix=token.prefix,
         created_at=_utc(token.created_at),
         revoked_at=_utc(token.revoked_at) if token.revoked_at else None,
+        expires_at=_utc(token.expires_at) if token.expires_at else None,
     )
 
 
@@ -131,8 +132,11 @@ def me(principal: PrincipalDep, session: SessionDep) -> Me:
 def create_api_token(
     body: TokenCreate, principal: PrincipalDep, session: SessionDep
 ) -> TokenCreated:
-    """A new API token of the caller's team; the secret is in this answer only."""
-    secret = create_token(session, principal.team_id, body.name, principal.user_id)
+    """A new API token of the caller's team, expiring after `expires_in_days` days or at
+    `expires_at` if given (then 401 `token_expired`); the secret is in this answer only."""
+    secret = create_token(
+        session, principal.team_id, body.name, principal.user_id, expires_at=body.expiry()
+    )
     token = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest(secret)))
     assert token is not None
     session.commit()
@@ -142,12 +146,14 @@ def create_api_token(
         prefix=token.prefix,
         token=secret,
         created_at=_utc(token.created_at),
+        expires_at=_utc(token.expires_at) if token.expires_at else None,
     )
 
 
 @router.get("/api/tokens", responses=errors(401))
 def list_api_tokens(principal: PrincipalDep, session: SessionDep) -> list[TokenInfo]:
-    """The team's tokens, revoked ones included (with `revoked_at`); never the secrets."""
+    """The team's tokens, revoked and expired ones included (with `revoked_at`, `expires_at`);
+    never the secrets."""
     rows = session.scalars(
         select(ApiToken).where(ApiToken.team_id == principal.team_id).order_by(ApiToken.id)
     )

@@ -27,7 +27,7 @@ from backend.baselines import baseline_of
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import STATUS_BY_CODE, ApiError
 from backend.orm import Baseline, Check, Model, Plan, Strategy, Verification
-from backend.planning import check_plan, engine_strategy, queue_plan
+from backend.planning import check_plan, engine_strategy, plan_deadline, queue_plan
 from backend.routers.clusters import resolve_cluster
 from backend.routers.models import commit_or_conflict, document_model, preset_model
 from backend.routers.plans import built_plan, job_fields, job_of, owned
@@ -63,7 +63,7 @@ def create_check(
     model = _model(session, team, body, settings.max_graph_ops)
     strategy = _strategy(session, team, body)
     with _about("strategy"):  # a mesh larger than the cluster, annotations that do not fit
-        check_plan(model, strategy, spec)
+        check_plan(model, strategy, spec, plan_deadline(session, settings, team))
     baseline_plan_id = _baseline_plan(session, team, body, model)
     plan, job = queue_plan(session, settings, model, strategy, body.cluster, spec,
                            author_id=principal.user_id)  # fmt: skip

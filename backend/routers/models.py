@@ -21,7 +21,7 @@ from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found, user_input
 from backend.module_tree import module_tree
 from backend.orm import Model, Plan
-from backend.pagination import Page
+from backend.pagination import Page, PageWindow, pages
 from backend.schemas.common import PathId
 from backend.schemas.resources import ModelCreate, ModelDetail, ModelOut, ModuleNode
 from shardlab.errors import GraphError, PresetError
@@ -30,11 +30,14 @@ from shardlab.ir import Graph
 from shardlab.models import Preset, get_preset
 from shardlab.models.config import ModelConfig, TransformerConfig, apply_overrides
 from shardlab.summary import model_summary
+from shardlab.user_json import too_deep
 from shardlab.validate import validate_graph
 
 router = APIRouter(prefix="/api/models", tags=["models"])
 
 UPLOAD_TYPES = ("application/json", "application/octet-stream")
+#: a graph document's ops per page (`GET /api/models/{id}/graph`)
+OpPage = Annotated[PageWindow, Depends(pages(10_000, 100_000, "Ops"))]
 
 
 # -- helpers shared by the resource routers -------------------------------------------------
@@ -84,8 +87,9 @@ def _preset_config(preset: str, overrides: dict[str, Any]) -> tuple[Preset, Mode
 
 
 def _preset_graph(preset: str, overrides: dict[str, Any], limit: int) -> Graph:
-    """Build a preset; bad overrides are 422 naming the key; oversized layer counts are
-    refused (413) from an estimate before the full graph is built."""
+    """Build a preset; bad overrides are 422 naming the key (or the value whose shape they
+    make too large, `shardlab.ir.MAX_ELEMENTS`); oversized layer counts are refused (413)
+    from an estimate before the full graph is built."""
     base, config = _preset_config(preset, overrides)
     try:
         if isinstance(config, TransformerConfig) and config.layers > 2:
@@ -96,18 +100,26 @@ def _preset_graph(preset: str, overrides: dict[str, Any], limit: int) -> Graph:
         graph = base.build(overrides)
     except PresetError as exc:
         raise ApiError(422, "invalid_override", exc.message, preset=preset, **exc.detail) from None
+    except GraphError as exc:
+        message = f"overrides of preset {preset!r}: {exc.message}"
+        raise ApiError(422, "invalid_override", message, preset=preset, **exc.detail) from None
     if len(graph.ops) > limit:
         raise _too_large(len(graph.ops), limit)
     return graph
 
 
 def _document_graph(data: Any, limit: int) -> Graph:
-    """Parse and validate a graph document; the op count is checked before parsing."""
+    """Parse and validate a graph document; the op count is checked before parsing, and a
+    graph without ops is no model (422 naming `graph`)."""
     ops = data.get("ops") if isinstance(data, dict) else None
     if isinstance(ops, list) and len(ops) > limit:
         raise _too_large(len(ops), limit)
     with user_input("invalid_graph", "invalid graph JSON"):
-        return validate_graph(graph_from_json(data))
+        graph = validate_graph(graph_from_json(data))
+    if not graph.ops:
+        raise ApiError(422, "invalid_graph", f"graph {graph.name!r} has no ops; a model needs "
+                       "at least one", field="graph")  # fmt: skip
+    return graph
 
 
 def _summary(graph: Graph) -> dict[str, Any]:
@@ -279,7 +291,7 @@ def _parse_upload(body: bytes) -> Any:
             column=exc.colno,
         ) from None
     except RecursionError:
-        raise GraphError("the upload's JSON is nested too deeply") from None
+        raise GraphError(f"the upload's JSON is {too_deep().message}") from None
 
 
 # -- endpoints ------------------------------------------------------------------------------
@@ -345,16 +357,57 @@ def get_model(model_id: PathId, session: SessionDep, principal: PrincipalDep) ->
 
 
 @router.get("/{model_id}/graph")
-def get_graph(model_id: PathId, session: SessionDep, principal: PrincipalDep) -> JSONResponse:
-    """The model's graph document (`shardlab.graph/1`)."""
-    return JSONResponse(unpack(owned_model(session, principal.team_id, model_id).graph_blob))
+def get_graph(
+    model_id: PathId,
+    session: SessionDep,
+    principal: PrincipalDep,
+    page: OpPage,
+    scope: Annotated[
+        str, Query(max_length=500, description='Only ops under this scope ("layers.3").')
+    ] = "",
+) -> JSONResponse:
+    """The model's graph document (`shardlab.graph/1`), a page of ops at a time (`limit`,
+    10,000 ops unless asked; `X-Total-Count` counts the ops, `Link` names the next page):
+    each page holds its ops and the values they read or write, so a client walks a
+    200,000-op model without one 37 MB answer. `scope` keeps the ops under a module path."""
+    document = unpack(owned_model(session, principal.team_id, model_id).graph_blob)
+    return JSONResponse(graph_page(document, scope, page), headers=page.headers())
+
+
+def graph_page(document: dict[str, Any], scope: str, page: PageWindow) -> dict[str, Any]:
+    """The document with only the page's ops (under `scope`) and the values they touch; the
+    document as it is when one page holds all of it."""
+    ops = document.get("ops", [])
+    if scope:
+        ops = [op for op in ops if op.get("scope") == scope or
+               str(op.get("scope", "")).startswith(scope + ".")]  # fmt: skip
+    page.count(len(ops))
+    if not scope and page.offset == 0 and len(ops) <= page.limit:
+        return document
+    ops = ops[page.offset : page.offset + page.limit]
+    touched = {name for op in ops for name in (*op.get("inputs", []), *op.get("outputs", []))}
+    values = [v for v in document.get("values", []) if v.get("name") in touched]
+    outputs = [name for name in document.get("outputs", []) if name in touched]
+    return {**document, "values": values, "ops": ops, "outputs": outputs}
+
+
+#: module trees of models (immutable once stored), by model id: the tree of a 200,000-op
+#: model takes seconds to build from its document
+TREES: dict[int, dict[str, Any]] = {}
+TREES_KEPT = 64
 
 
 @router.get("/{model_id}/tree", response_model=ModuleNode)
 def get_tree(model_id: PathId, session: SessionDep, principal: PrincipalDep) -> dict[str, Any]:
     """The folded module tree of the model's graph (see backend.module_tree)."""
     row = owned_model(session, principal.team_id, model_id)
-    return module_tree(graph_from_json(unpack(row.graph_blob)))
+    tree = TREES.get(row.id)
+    if tree is None:
+        tree = module_tree(graph_from_json(unpack(row.graph_blob)))
+        if len(TREES) >= TREES_KEPT:
+            TREES.pop(next(iter(TREES)))
+        TREES[row.id] = tree
+    return tree
 
 
 @router.delete("/{model_id}", status_code=204)

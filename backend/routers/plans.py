@@ -26,7 +26,8 @@ from backend.errors import ApiError, not_found
 from backend.orm import Artifact, Job, Model, Plan, ReviewRequest, Strategy
 from backend.pagination import Page
 from backend.plan_graph.index import collective_json
-from backend.planning import check_plan, queue_plan
+from backend.plan_read import PLANS, fast_plan_json, plans_json
+from backend.planning import check_plan, plan_deadline, queue_plan
 from backend.routers.clusters import resolve_cluster
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, PlanCreate, PlanOut
@@ -169,7 +170,7 @@ def create_plan(
     model = owned(session, Model, team, body.model_id, "model")
     strategy = owned(session, Strategy, team, body.strategy_id, "strategy")
     spec = resolve_cluster(session, team, body.cluster) if body.cluster else None
-    check_plan(model, strategy, spec)
+    check_plan(model, strategy, spec, plan_deadline(session, settings, team))
     plan, job = queue_plan(session, settings, model, strategy, body.cluster, spec,
                            author_id=principal.user_id)  # fmt: skip
     session.commit()
@@ -203,10 +204,10 @@ def list_plans(
             'review").',
         ),
     ] = None,
-) -> list[dict[str, Any]]:
+) -> Any:
     """The team's plans, newest first, a page at a time (`pagination`), filtered by model,
     strategy version, cluster, author, review state, or a reviewer who has not decided."""
-    query = select(Plan).where(Plan.team_id == principal.team_id)
+    query = PLANS.where(Plan.team_id == principal.team_id)
     if model_id is not None:
         query = query.where(Plan.model_id == model_id)
     if strategy_id is not None:
@@ -223,17 +224,17 @@ def list_plans(
             ReviewRequest.state == "pending",
         )
         query = query.where(Plan.id.in_(waiting))
-    rows = page.rows(session, query.order_by(Plan.id.desc()))
-    # one query for every plan's job: `job_of` then finds them in the session
-    session.scalars(select(Job).where(Job.id.in_([plan.job_id for plan in rows]))).all()
-    labels = Labels.of(session, rows)
-    return [_plan_out(session, plan, labels) for plan in rows]
+    body = plans_json(session, page.window(session, query.order_by(Plan.id.desc())))
+    return Response(body, media_type="application/json", headers=page.headers())
 
 
 @router.get("/{plan_id}", response_model=PlanOut, responses=errors(401, 404, 422))
-def get_plan(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> dict[str, Any]:
+def get_plan(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> Any:
     """A plan with its job's state, its review state and, once built, its summary and its
     comparison with the baseline of its model and cluster (`baseline`, if there is one)."""
+    fast = fast_plan_json(session, principal.team_id, plan_id)
+    if fast is not None:
+        return Response(fast, media_type="application/json")
     plan = owned(session, Plan, principal.team_id, plan_id, "plan")
     return _plan_out(session, plan, compare=True)
 

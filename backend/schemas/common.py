@@ -1,11 +1,45 @@
-"""Pieces every router's schemas share: the error body, bounded row ids, error docs."""
+"""Pieces every router's schemas share: the base of request bodies, the error body, bounded
+row ids, error docs."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from fastapi import Path
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from shardlab.user_json import json_problem
+
+
+class StrictRequest(BaseModel):
+    """Base of every request body. Unknown fields are refused (a typo is a 422 naming it);
+    types are strict (`"4"` is no id, `"true"` no flag; an int still does for a float); and
+    before validation the whole input is walked (`shardlab.user_json`): a control character
+    in any string or dict key, at any depth, or nesting deeper than `MAX_JSON_DEPTH`, is a
+    422 naming where. `free_text` lists the fields (of this model, not of models nested in
+    it) that may hold tab, newline and carriage return. A field JSON gives as text but that
+    is no string (a datetime) says `Field(strict=False)`.
+
+    Every string field has a `max_length` at most its column's (`backend.orm`): a longer one
+    would be a database error on PostgreSQL (tests/api/test_strict_input.py checks them)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    free_text: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_control_characters(cls, data: Any) -> Any:
+        problem = json_problem(data, cls.free_text)
+        if problem is None:
+            return data
+        message = problem.message
+        if problem.kind == "too_deep":
+            message = f"the JSON body is {message}"
+        # `at` extends the error's location (`backend.errors` shows it: body.options.a)
+        raise PydanticCustomError(
+            problem.kind, "{problem}", {"problem": message, "at": problem.path}
+        )
 
 
 class ApiErrorBody(BaseModel):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from backend.schemas.common import RowId
+from backend.schemas.common import RowId, StrictRequest
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out"]
 
@@ -37,8 +37,8 @@ class JobOut(BaseModel):
     finished_at: str | None
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Request(StrictRequest):
+    """Base of this module's request bodies (`StrictRequest`)."""
 
 
 class PlanCreate(_Request):

@@ -9,7 +9,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, model_validator
+
+from backend.schemas.common import StrictRequest
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -20,12 +22,16 @@ def as_utc(moment: datetime) -> datetime:
 #: Timestamps are answered in UTC with an offset, from SQLite and PostgreSQL alike.
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 NAME = Field(min_length=1, max_length=200, description="Unique within the team.")
+MESH = Field(
+    min_length=1,
+    max_length=200,
+    description="Mesh text form, e.g. 'dp=2,tp=4' (at most 8 axes and 2^20 devices).",
+)
 
 
-class RequestModel(BaseModel):
-    """Base of request bodies: unknown fields are rejected."""
-
-    model_config = ConfigDict(extra="forbid")
+class RequestModel(StrictRequest):
+    """Base of request bodies: unknown fields, loose types and control characters are
+    refused (`StrictRequest`)."""
 
 
 # -- models -------------------------------------------------------------------------------
@@ -36,7 +42,10 @@ class ModelCreate(RequestModel):
 
     name: str = NAME
     preset: str | None = Field(
-        None, description="Preset name, e.g. 'llama3-8b' (GET /api/presets)."
+        None,
+        min_length=1,
+        max_length=100,
+        description="Preset name, e.g. 'llama3-8b' (GET /api/presets).",
     )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
@@ -110,7 +119,7 @@ class StrategyCreate(RequestModel):
     """A named strategy: CLI-style text forms, validated by the engine."""
 
     name: str = NAME
-    mesh: str = Field(description="Mesh text form, e.g. 'dp=2,tp=4'.")
+    mesh: str = MESH
     templates: list[str] = Field(
         default_factory=list, description="Templates on mesh axes, e.g. ['megatron_tp:tp']."
     )
@@ -129,7 +138,7 @@ class StrategyCreate(RequestModel):
 class StrategyUpdate(RequestModel):
     """A new version of a strategy: the full definition (the name stays)."""
 
-    mesh: str = Field(description="Mesh text form, e.g. 'dp=2,tp=4'.")
+    mesh: str = MESH
     templates: list[str] = Field(default_factory=list, description="Templates on mesh axes.")
     annotations: list[str] = Field(default_factory=list, description="Annotations.")
     options: dict[str, Any] = Field(default_factory=dict, description="Options.")

@@ -3,19 +3,19 @@ history) and of baselines. Requests forbid unknown fields."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from backend.schemas.auth import NAME_PATTERN
-from backend.schemas.common import RowId
+from backend.schemas.common import RowId, StrictRequest
 
 ReviewState = Literal["none", "pending", "changes_requested", "approved"]
 AnchorKind = Literal["op", "value", "collective", "scope", "pass", "timeline"]
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Request(StrictRequest):
+    """Base of this module's request bodies (`StrictRequest`)."""
 
 
 class Anchor(_Request):
@@ -45,6 +45,7 @@ class ReviewRequestCreate(_Request):
 class CommentCreate(_Request):
     """A new thread (with an optional `anchor`) or, with `thread_id`, a reply to one."""
 
+    free_text: ClassVar[frozenset[str]] = frozenset({"body"})
     body: str = Field(min_length=1, max_length=10_000)
     anchor: Anchor | None = None
     thread_id: RowId | None = None
@@ -66,6 +67,7 @@ class ThreadResolve(_Request):
 class DecisionCreate(_Request):
     """A reviewer's verdict on the plan, with an optional summary comment."""
 
+    free_text: ClassVar[frozenset[str]] = frozenset({"body"})
     decision: Literal["approve", "request_changes"]
     body: str | None = Field(None, max_length=10_000)
 

@@ -1,7 +1,8 @@
 """Model configurations and `--set key=value` overrides.
 
 A preset is a config dataclass plus a builder. Overrides are applied by field name with type
-coercion; an unknown key or a value of the wrong type raises `PresetError` that names it.
+coercion; an unknown key, a value of the wrong type or a size that is not positive or over
+`shardlab.ir.MAX_DIM` raises `PresetError` that names it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardlab.errors import PresetError
-from shardlab.ir import DTYPE_BYTES, FLOAT_DTYPES
+from shardlab.ir import DTYPE_BYTES, FLOAT_DTYPES, MAX_DIM
 
 #: Attention implementations: a fused kernel, or eager ops that keep the probabilities.
 ATTENTION = ("flash", "eager")
@@ -113,13 +114,22 @@ def _check_common(config: ModelConfig) -> None:
                     f"dtype must be one of {', '.join(sorted(FLOAT_DTYPES))}, got {val!r}",
                     key="dtype",
                 )
-        elif (
-            isinstance(val, int)
-            and not isinstance(val, bool)
-            and f.name != "max_positions"
-            and val <= 0
-        ):
-            raise PresetError(f"{f.name} must be positive, got {val}", key=f.name)
+        elif isinstance(val, int) and not isinstance(val, bool):
+            _check_size(f.name, val)
+
+
+def _check_size(name: str, val: int) -> None:
+    """A size setting (layers, hidden, heads, seq, ...) is positive and at most `MAX_DIM`:
+    each becomes a dim of some value (`shardlab.ir`), so a larger one could never build."""
+    if name != "max_positions" and val <= 0:
+        raise PresetError(f"{name} must be positive, got {val}", key=name)
+    if val > MAX_DIM:
+        raise PresetError(
+            f"{name} must be at most {MAX_DIM} (2^31 - 1), got {val}",
+            key=name,
+            value=val,
+            limit=MAX_DIM,
+        )
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:

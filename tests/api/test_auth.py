@@ -114,7 +114,8 @@ def test_tokens_create_list_revoke(client: TestClient, app: FastAPI) -> None:
     created = client.post("/api/tokens", json={"name": "ci"})
     assert created.status_code == 201
     body = created.json()
-    assert set(body) == {"id", "name", "prefix", "token", "created_at"}
+    assert set(body) == {"id", "name", "prefix", "token", "created_at", "expires_at"}
+    assert body["expires_at"] is None
     assert body["token"].startswith(body["prefix"]) and body["name"] == "ci"
     with TestClient(app) as ci:
         ci.headers["Authorization"] = f"Bearer {body['token']}"
@@ -122,8 +123,8 @@ def test_tokens_create_list_revoke(client: TestClient, app: FastAPI) -> None:
         listed = client.get("/api/tokens").json()
         assert [t["name"] for t in listed] == ["test", "ci"]
         for token in listed:
-            assert set(token) == {"id", "name", "prefix", "created_at", "revoked_at"}
-            assert token["revoked_at"] is None
+            assert set(token) == {"id", "name", "prefix", "created_at", "revoked_at", "expires_at"}
+            assert token["revoked_at"] is None and token["expires_at"] is None
         assert body["token"] not in client.get("/api/tokens").text
         assert client.delete(f"/api/tokens/{body['id']}").status_code == 204
         revoked = ci.get("/api/me")
@@ -146,6 +147,57 @@ def test_another_team_cannot_see_or_revoke_a_token(
     _is_error(response.json(), "not_found")
     assert client.delete("/api/tokens/999999").status_code == 404
     assert all(t["revoked_at"] is None for t in client.get("/api/tokens").json())
+
+
+def test_token_with_an_expiry_works_until_it_expires(client: TestClient, app: FastAPI) -> None:
+    created = client.post("/api/tokens", json={"name": "ci", "expires_in_days": 30})
+    assert created.status_code == 201, created.text
+    body = created.json()
+    expires = datetime.fromisoformat(body["expires_at"])
+    assert abs(expires - (datetime.now(UTC) + timedelta(days=30))) < timedelta(minutes=1)
+    listed = {t["id"]: t for t in client.get("/api/tokens").json()}
+    assert datetime.fromisoformat(listed[body["id"]]["expires_at"]) == expires
+    with TestClient(app) as ci:
+        ci.headers["Authorization"] = f"Bearer {body['token']}"
+        assert ci.get("/api/me").status_code == 200
+        with app.state.sessions() as session, session.begin():
+            session.execute(
+                update(ApiToken)
+                .where(ApiToken.id == body["id"])
+                .values(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+            )
+        expired = ci.get("/api/me")
+        assert expired.status_code == 401
+        _is_error(expired.json(), "token_expired")
+        assert "token expired" in expired.json()["message"]
+        assert ci.post("/api/strategies", json={"name": "s", "mesh": "dp=2"}).status_code == 401
+    # a revoked token stays "unknown or revoked", expired or not
+    assert client.delete(f"/api/tokens/{body['id']}").status_code == 204
+    with TestClient(app) as ci:
+        ci.headers["Authorization"] = f"Bearer {body['token']}"
+        _is_error(ci.get("/api/me").json(), "unauthorized")
+
+
+def test_token_expiry_at_a_moment(client: TestClient) -> None:
+    moment = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
+    created = client.post("/api/tokens", json={"name": "ci", "expires_at": moment.isoformat()})
+    assert created.status_code == 201, created.text
+    assert datetime.fromisoformat(created.json()["expires_at"]) == moment
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"expires_in_days": 0},
+        {"expires_in_days": 3651},
+        {"expires_in_days": 1, "expires_at": "2999-01-01T00:00:00Z"},
+        {"expires_at": "2000-01-01T00:00:00Z"},
+    ],
+)
+def test_token_expiry_is_validated(client: TestClient, body: dict[str, object]) -> None:
+    response = client.post("/api/tokens", json={"name": "ci", **body})
+    assert response.status_code == 422, response.text
+    _is_error(response.json(), "invalid_request")
 
 
 def test_token_name_is_validated(client: TestClient) -> None:

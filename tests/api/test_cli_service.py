@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -12,6 +13,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from typer.testing import CliRunner
 from backend import migrate
 from backend.auth import SESSION_COOKIE
 from backend.cli import app as cli
+from backend.redact import REDACTED, RedactSecrets, redact, uvicorn_log_config
 from backend.settings import Settings
 
 runner = CliRunner()
@@ -95,6 +98,21 @@ def test_a_token_can_act_as_a_member(settings: Settings, app: FastAPI, user_clie
     assert stranger.exit_code == 1 and "no member 'zed'" in stranger.stderr
 
 
+def test_token_create_with_an_expiry(settings: Settings, app: FastAPI) -> None:
+    env = _env(settings)
+    args = ["token", "create", "--team", "ops", "--name", "ci", "--expires-in-days", "7"]
+    result = runner.invoke(cli, args, env=env)
+    assert result.exit_code == 0, result.output
+    listed = runner.invoke(cli, ["token", "list", "--team", "ops", "--json"], env=env)
+    (token,) = json.loads(listed.stdout)
+    expires = datetime.fromisoformat(token["expires_at"])
+    assert abs(expires - (datetime.now(UTC) + timedelta(days=7))) < timedelta(minutes=1)
+    table = runner.invoke(cli, ["token", "list", "--team", "ops"], env=env).stdout
+    assert "active, expires" in table
+    bad = runner.invoke(cli, [*args[:-1], "0"], env=env)
+    assert bad.exit_code != 0
+
+
 def test_token_create_on_an_unmigrated_database_says_so(tmp_path: Path) -> None:
     env: dict[str, str | None] = {
         "SHARDLAB_DATA_DIR": str(tmp_path),
@@ -128,28 +146,32 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def _serve(tmp_path: Path, port: int, *flags: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """`shardlab serve` on a fresh SQLite data dir; its stderr lines are collected."""
+def _serve(
+    tmp_path: Path, port: int, *flags: str, collect_stdout: bool = False
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """`shardlab serve` on a fresh SQLite data dir; its stderr lines are collected (and its
+    stdout's, where uvicorn's access log goes, with `collect_stdout`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLAB_")}
     env["SHARDLAB_DATA_DIR"] = str(tmp_path / "data")
+    env["PYTHONUNBUFFERED"] = "1"  # the access log (stdout) line by line
     proc = subprocess.Popen(
         [sys.executable, "-m", "backend", "serve", "--port", str(port), *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE if collect_stdout else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if collect_stdout else subprocess.PIPE,
         text=True,
         env=env,
     )
     lines: list[str] = []
-    assert proc.stderr is not None
-    stderr = proc.stderr
-    threading.Thread(target=lambda: lines.extend(iter(stderr.readline, "")), daemon=True).start()
+    output = proc.stdout if collect_stdout else proc.stderr
+    assert output is not None
+    threading.Thread(target=lambda: lines.extend(iter(output.readline, "")), daemon=True).start()
     return proc, lines
 
 
 def test_serve_prints_a_login_link_that_logs_in(tmp_path: Path) -> None:
     port = _free_port()
-    proc, lines = _serve(tmp_path, port, "--no-worker", "--demo")
-    link = re.compile(rf"http://127\.0\.0\.1:{port}/api/auth/login\?link=\S+")
+    proc, lines = _serve(tmp_path, port, "--no-worker", "--demo", collect_stdout=True)
+    link = re.compile(rf"http://127\.0\.0\.1:{port}/api/auth/login\?link=(\S+)")
     try:
         _wait_for(lambda: any(link.search(line) for line in lines), "login link", proc, lines)
         _wait_for(lambda: _healthy(port), "/healthz", proc, lines)
@@ -170,9 +192,28 @@ def test_serve_prints_a_login_link_that_logs_in(tmp_path: Path) -> None:
                 "via": "session",
             }
         assert (tmp_path / "data" / "shardlab.db").exists()
+        # the link's secret was printed once for the operator, and never logged
+        secret = next(m.group(1) for line in lines if (m := link.search(line)))
+        access = f"GET /api/auth/login?link={REDACTED} HTTP/1.1"
+        _wait_for(lambda: any(access in line for line in lines), "access log", proc, lines)
+        assert sum(secret in line for line in lines) == 1, "".join(lines)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_redact_secrets_filter_keeps_uvicorn_s_arguments() -> None:
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5", "GET", "/api/auth/login?link=s3cr3t&next=/x", "1.1", 303), None,
+    )  # fmt: skip
+    assert RedactSecrets().filter(record)
+    assert record.args == ("127.0.0.1:5", "GET", f"/api/auth/login?link={REDACTED}&next=/x",
+                           "1.1", 303)  # fmt: skip
+    assert redact("/a?x=1&TOKEN=abc#f") == f"/a?x=1&TOKEN={REDACTED}#f"
+    assert redact("/api/plans?limit=5") == "/api/plans?limit=5"
+    config = uvicorn_log_config()
+    assert all("redact_secrets" in h["filters"] for h in config["handlers"].values())
 
 
 def _alive(pid: int) -> bool:

@@ -1,12 +1,19 @@
-"""Alembic migrations against both databases: up, down, up again, and no drift from the ORM."""
+"""Alembic migrations against both databases: up, down, up again, no drift from the ORM, and
+concurrent upgrades taking turns under the migration lock."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 
 from backend import migrate
 from backend.db import make_engine
@@ -68,3 +75,65 @@ def test_upgrade_is_idempotent(db_url: str) -> None:
     migrate.upgrade(db_url)
     assert migrate.current(db_url) == revision
     assert _diff(db_url) == []
+
+
+def _empty(url: str) -> None:
+    """Make the database at `url` fresh: no tables at all, not even `alembic_version`."""
+    migrate.downgrade(url, "base")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE alembic_version"))
+    finally:
+        engine.dispose()
+    assert _tables(url) == set()
+
+
+def test_concurrent_upgrades_of_a_fresh_database_both_succeed(db_url: str, tmp_path: Path) -> None:
+    # two servers starting together both migrate: the lock makes them take turns
+    _empty(db_url)
+    env = {**os.environ, "SHARDLAB_DATABASE_URL": db_url, "SHARDLAB_DATA_DIR": str(tmp_path)}
+    command = [sys.executable, "-m", "backend", "db", "upgrade"]
+    procs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err.decode()
+    head = ScriptDirectory.from_config(migrate.alembic_config(db_url)).get_current_head()
+    assert migrate.current(db_url) == head
+    assert ORM_TABLES | {"alembic_version"} == _tables(db_url)
+    assert _diff(db_url) == []
+
+
+def test_migration_lock_is_exclusive(db_url: str) -> None:
+    # while one process holds the lock, another cannot take it (it would wait)
+    script = (
+        "import sys\n"
+        "from backend.migrate import migration_lock\n"
+        "with migration_lock(sys.argv[1]):\n"
+        "    print('locked', flush=True)\n"
+        "    sys.stdin.readline()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, db_url], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert holder.stdout is not None and holder.stdin is not None
+    try:
+        assert holder.stdout.readline() == b"locked\n"
+        done = threading.Event()
+
+        def take() -> None:
+            with migrate.migration_lock(db_url):
+                done.set()
+
+        taker = threading.Thread(target=take, daemon=True)
+        taker.start()
+        assert not done.wait(1.0)  # blocked by the other process
+        holder.stdin.write(b"\n")
+        holder.stdin.flush()
+        assert done.wait(30.0)  # taken once released
+    finally:
+        holder.kill()
+        holder.wait()

@@ -57,6 +57,28 @@ def test_preset_model_has_the_engine_summary(client: TestClient) -> None:
     assert len(layers) == 1 and layers[0]["repeat"] == 2
 
 
+def test_a_large_graph_comes_a_page_of_ops_at_a_time(client: TestClient) -> None:
+    """`/graph` pages by ops (each page with the values its ops touch) and filters by scope;
+    the pages put together are the document."""
+    created = create_small(client)
+    whole = graph_to_json(build_model("llama3-8b", SMALL))
+    url = f"/api/models/{created['id']}/graph"
+    first = client.get(f"{url}?limit=20")
+    assert first.headers["X-Total-Count"] == "45" and 'rel="next"' in first.headers["Link"]
+    pages = [first.json(), client.get(f"{url}?limit=20&offset=20").json(),
+             client.get(f"{url}?limit=20&offset=40").json()]  # fmt: skip
+    assert [op for page in pages for op in page["ops"]] == whole["ops"]
+    for page in pages:
+        touched = {n for op in page["ops"] for n in (*op["inputs"], *op["outputs"])}
+        assert {v["name"] for v in page["values"]} == touched
+
+    def under(op: dict[str, Any]) -> bool:  # not layers.0.attn_residual
+        return bool(op["scope"] == "layers.0.attn" or op["scope"].startswith("layers.0.attn."))
+
+    attn = client.get(f"{url}?scope=layers.0.attn").json()["ops"]
+    assert attn == [op for op in whole["ops"] if under(op)] and len(attn) == 11
+
+
 def test_graph_json_body_and_raw_upload(client: TestClient) -> None:
     document = graph_to_json(build_model("mlp_demo"))
     made = client.post("/api/models", json={"name": "from-json", "graph": document})

@@ -1,7 +1,10 @@
 """Team isolation: another team's token gets 404 on every resource of the first team.
 
 The sweep is driven by the OpenAPI document, so an endpoint added later with a path parameter
-fails here until the test knows which of team alpha's resources to aim it at.
+fails here until the test knows which of team alpha's resources to aim it at. Admin-only
+paths (`/api/admin/...`, such as a team's limits) are swept apart: every non-admin gets 403
+`forbidden` on them whichever team they name (its own, another one, or none at all), so
+they tell a non-admin nothing about other teams either.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ BODIES = {
     ("post", "/api/plans/{plan_id}/review/decision"): {"decision": "approve"},
     ("post", "/api/plans/{plan_id}/comments"): {"body": "hello"},
     ("post", "/api/plans/{plan_id}/comments/{thread_id}/resolve"): {"resolved": True},
+    ("put", "/api/admin/teams/{team}/limits"): {"max_running_jobs": 1},
 }
+#: paths only administrators may use (403 for anyone else, whatever the path names)
+ADMIN_PREFIX = "/api/admin/"
 
 
 def _alpha_resources(client: TestClient, settings: Settings, bob: TestClient) -> dict[str, Any]:
@@ -98,7 +104,19 @@ def _operations(app: FastAPI) -> list[tuple[str, str]]:
     return [
         (method, path)
         for path, item in app.openapi()["paths"].items()
-        if "{" in path and not path.startswith("/api/presets")  # presets are a shared catalog
+        if "{" in path
+        and not path.startswith("/api/presets")  # presets are a shared catalog
+        and not path.startswith(ADMIN_PREFIX)
+        for method in item
+    ]
+
+
+def _admin_operations(app: FastAPI) -> list[tuple[str, str]]:
+    """(method, path template) of every admin-only operation with a path parameter."""
+    return [
+        (method, path)
+        for path, item in app.openapi()["paths"].items()
+        if "{" in path and path.startswith(ADMIN_PREFIX)
         for method in item
     ]
 
@@ -150,3 +168,22 @@ def test_another_team_gets_404_on_every_resource(
         assert other_client.get(f"/api/{listing}").json() == [], listing
     assert [c for c in other_client.get("/api/clusters").json() if c["source"] == "user"] == []
     assert [t["name"] for t in other_client.get("/api/tokens").json()] == ["test"]
+
+
+def test_admin_paths_are_403_for_every_non_admin_whatever_team_they_name(
+    app: FastAPI, client: TestClient, other_client: TestClient, user_client: Any
+) -> None:
+    operations = _admin_operations(app)
+    assert ("put", "/api/admin/teams/{team}/limits") in operations, operations
+    member = user_client("beta", "carol")  # a person, not an admin
+    for method, path in operations:
+        for team in ("alpha", "beta", "no-such-team"):
+            url = re.sub(r"\{\w+\}", team, path)
+            for caller in (client, other_client, member):
+                answer = _call(caller, method, path, url)
+                assert answer.status_code == 403, (method, url, answer.text)
+                assert answer.json()["code"] == "forbidden"
+    admin = user_client("alpha", "root", admin=True)
+    limits = admin.get("/api/admin/teams/alpha/limits").json()
+    assert limits["max_running_jobs"]["source"] == "default", "nothing was changed"
+    assert admin.get("/api/admin/teams/no-such-team/limits").status_code == 404

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardlab.errors import GraphError
-from shardlab.ir import Graph, Op, OpRole, TensorType, Value, ValueKind
+from shardlab.ir import MAX_DIM, MAX_ELEMENTS, Graph, Op, OpRole, TensorType, Value, ValueKind
 
 
 def _values() -> list[Value]:
@@ -82,3 +82,23 @@ def test_long_chain_topological_sort_is_fast_enough() -> None:
     ops = [Op(f"op{i}", "neg", (f"v{i - 1}",), (f"v{i}",)) for i in range(1, n)]
     g = Graph(values, list(reversed(ops)))
     assert g.ops[0].name == "op1" and g.ops[-1].name == f"op{n - 1}"
+
+
+def test_dims_and_sizes_are_limited_to_what_int64_arithmetic_holds() -> None:
+    ops = [Op("n", "neg", ("x",), ("y",))]
+
+    def graph(shape: tuple[int, ...]) -> Graph:
+        values = [Value("x", TensorType(shape), ValueKind.INPUT), Value("y", TensorType(shape))]
+        return Graph(values, ops)
+
+    assert graph((MAX_DIM, 4)).type_of("x").numel == MAX_DIM * 4
+    with pytest.raises(GraphError) as err:
+        graph((4, 2**62))
+    assert err.value.message == (
+        "value 'x' has dim 1 of size 4611686018427387904; dims must be at most 2147483647 "
+        "(2^31 - 1)"
+    )
+    assert err.value.detail == {"value": "x", "dim": 1, "size": 2**62, "limit": MAX_DIM}
+    with pytest.raises(GraphError, match=r"value 'x' of shape \[2147483647, 2147483647\] has"):
+        graph((MAX_DIM, MAX_DIM))
+    assert MAX_ELEMENTS * 8 == 2**63 - 8  # the byte size of the largest value fits int64

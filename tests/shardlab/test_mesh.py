@@ -1,11 +1,14 @@
 import math
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from shardlab.cli import app
 from shardlab.errors import MeshError
-from shardlab.mesh import Mesh
+from shardlab.mesh import MAX_MESH_AXES, MAX_MESH_DEVICES, Mesh, check_mesh_size
 
 
 def test_default_layout_and_sizes() -> None:
@@ -212,3 +215,35 @@ def test_layout_properties(mesh: Mesh) -> None:
             assert all(mesh.coord(r)[k] == i for r in stage.ranks)
     assert Mesh.parse(str(mesh)).shape == mesh.shape
     assert Mesh.from_json(mesh.to_json()) == mesh
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (",".join(f"a{i}=1" for i in range(9)), "has 9 axes, more than the limit of 8"),
+        ("dp=1024,tp=1025", "has 1049600 devices, more than the limit of 1048576"),
+        ("dp=" + "9" * 5000, "has over 10^18 devices, more than the limit of 1048576"),
+        (",".join(f"a{i}=1" for i in range(150_000)), "has 150000 axes, more than the limit of 8"),
+    ],
+)
+def test_absurd_meshes_are_refused_before_ranks_are_listed(text: str, message: str) -> None:
+    with pytest.raises(MeshError, match=re.escape(message)) as err:
+        Mesh.parse(text)
+    assert err.value.detail["limit"] in (MAX_MESH_AXES, MAX_MESH_DEVICES)
+    assert len(err.value.detail["mesh"]) <= 80  # a long mesh is shown cut short
+    with pytest.raises(MeshError, match="2097152 devices"):
+        Mesh((2, MAX_MESH_DEVICES), ("dp", "tp"))
+
+
+def test_meshes_at_the_limits_pass() -> None:
+    check_mesh_size("a=1,...", MAX_MESH_AXES, MAX_MESH_DEVICES)
+    mesh = Mesh.parse(",".join(f"a{i}=2" for i in range(MAX_MESH_AXES)))
+    assert (mesh.ndim, mesh.size) == (8, 256)
+    assert Mesh.parse("dp=0004").shape == (4,)
+
+
+def test_the_cli_refuses_the_same_meshes() -> None:
+    nine = ",".join(f"a{i}=1" for i in range(9))
+    out = CliRunner().invoke(app, ["plan", "mlp_demo", "--mesh", nine])
+    assert out.exit_code != 0
+    assert "has 9 axes, more than the limit of 8" in out.output

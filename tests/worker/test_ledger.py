@@ -34,7 +34,8 @@ def _age_heartbeat(factory: sessionmaker[Session], job_id: int, seconds: float) 
 def test_concurrent_claims_never_share_a_job(
     factory: sessionmaker[Session], db_url: str, tmp_path: Path
 ) -> None:
-    settings = settings_for(db_url, tmp_path)
+    # one team may run them all at once (its running limit is tested in test_fair_claims)
+    settings = settings_for(db_url, tmp_path, team_max_running_jobs="24")
     ids = _queue(factory, settings, 24)
     claimed: dict[str, list[int]] = {"w0": [], "w1": [], "w2": []}
     start = threading.Barrier(len(claimed))

@@ -50,7 +50,9 @@ def test_tp_inside_a_node_and_dp_across_nodes_give_one_role() -> None:
     plan = build_plan(model, Strategy.build("dp=64,tp=8", TP))
     roles = role_of_ranks(plan.program, load_cluster("h100-sxm-64x8"))
     assert len(set(roles.values())) == 1
-    assert roles[0] == ((1,) * 64, (8,))  # dp: one rank on each of 64 nodes; tp: 8 on one
+    # per axis, (ranks on a node, nodes holding that many): dp one rank on each of 64 nodes,
+    # tp 8 ranks on one node
+    assert roles[0] == (((1, 64),), ((8, 1),))
 
 
 def test_a_mesh_larger_than_the_cluster_is_refused_by_name() -> None:

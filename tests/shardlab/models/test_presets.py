@@ -97,6 +97,12 @@ def test_overrides_apply_with_coercion() -> None:
         ("gpt2", {"depth": "3"}, r"gpt2 has no setting 'depth'; settable: layers"),
         ("gpt2", {"layers": "two"}, r"layers must be an integer, got 'two'"),
         ("gpt2", {"layers": "0"}, r"layers must be positive, got 0"),
+        (
+            "llama3-8b",
+            {"hidden": str(2**62)},
+            r"hidden must be at most 2147483647 \(2\^31 - 1\), got 4611686018427387904",
+        ),
+        ("mlp_demo", {"batch": 2**31}, r"batch must be at most 2147483647"),
         ("gpt2", {"heads": "7"}, r"hidden \(768\) must be divisible by heads \(7\)"),
         ("llama3-8b", {"kv_heads": "5"}, r"heads \(32\) must be divisible by kv_heads \(5\)"),
         ("gpt2", {"seq": "2048"}, r"seq \(2048\) exceeds the 1024 learned positions"),
