@@ -8,7 +8,7 @@ that page (the query's own order decides what "next" means) and sets the headers
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -57,14 +57,14 @@ class PageWindow:
             self.response.headers["Link"] = f'<{following}>; rel="next"'
 
 
-def pages(default: int, most: int, unit: str = "Rows") -> Callable[..., PageWindow]:
+def pages(default: int, most: int, unit: str = "Rows") -> Callable[..., Awaitable[PageWindow]]:
     """A page dependency with its own page size: `default` rows unless asked, `most` at
     most (`Page` is the lists'; large documents page by their own unit, e.g. ops):
     `Annotated[PageWindow, Depends(pages(...))]`."""
 
     # defaults, not Annotated: the annotations are strings here (`from __future__`), and
     # FastAPI could not resolve `most` and `unit` in them
-    def page(
+    async def page(  # async: no I/O, so no thread hop
         request: Request,
         response: Response,
         limit: int = Query(default, ge=1, le=most, description=f"{unit} per page, 1 to {most}."),

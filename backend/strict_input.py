@@ -29,8 +29,9 @@ def _invalid(problem: JsonProblem) -> ApiError:
     return ApiError(422, "invalid_request", f"{loc}: {problem.message}", errors=[error])
 
 
-def refuse_control_characters(request: Request) -> None:
-    """422 for a control character in any path or query parameter of the request."""
+async def refuse_control_characters(request: Request) -> None:
+    """422 for a control character in any path or query parameter of the request (`async`:
+    no I/O, so it runs in the event loop, not in a thread)."""
     params = [("path", k, v) for k, v in request.path_params.items() if isinstance(v, str)]
     params += [("query", k, v) for k, v in request.query_params.multi_items()]
     for where, key, value in params:

@@ -17,6 +17,7 @@ from bench import (
     bench_dtensor_parity,
     bench_fidelity,
     bench_graph_build,
+    bench_load,
     bench_lowering,
     bench_pass_guard,
     bench_passes,
@@ -41,6 +42,7 @@ BENCHMARKS = [
     bench_search,
     bench_dtensor_parity,
     bench_api,
+    bench_load,
     bench_ui_graph,
 ]
 OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
