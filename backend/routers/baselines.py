@@ -22,7 +22,7 @@ from backend.errors import ApiError
 from backend.orm import Baseline, Model, Plan
 from backend.pagination import Page
 from backend.routers.plans import built_plan, owned
-from backend.schemas.common import PathId, errors
+from backend.schemas.common import MAX_ROW_ID, PathId, errors
 from backend.schemas.reviews import BaselineCreate, BaselineOut
 
 router = APIRouter(prefix="/api/baselines", tags=["baselines"])
@@ -72,7 +72,9 @@ def list_baselines(
     session: SessionDep,
     principal: PrincipalDep,
     page: Page,
-    model_id: Annotated[int | None, Query(ge=1, description="Only this model's.")] = None,
+    model_id: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Only this model's.")
+    ] = None,
     cluster: Annotated[str | None, Query(max_length=100)] = None,
 ) -> list[dict[str, Any]]:
     """The team's baselines by name, a page at a time."""

@@ -29,7 +29,7 @@ from backend.plan_graph.index import collective_json
 from backend.plan_read import PLANS, fast_plan_json, plans_json
 from backend.planning import check_plan, plan_deadline, queue_plan
 from backend.routers.clusters import resolve_cluster
-from backend.schemas.common import PathId, errors
+from backend.schemas.common import MAX_ROW_ID, PathId, errors
 from backend.schemas.jobs import Created, PlanCreate, PlanOut
 
 router = APIRouter(prefix="/api/plans", tags=["plans"])
@@ -182,9 +182,11 @@ def list_plans(
     session: SessionDep,
     principal: PrincipalDep,
     page: Page,
-    model_id: Annotated[int | None, Query(ge=1, description="Only this model's plans.")] = None,
+    model_id: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Only this model's plans.")
+    ] = None,
     strategy_id: Annotated[
-        int | None, Query(ge=1, description="Only plans of this strategy version.")
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Only plans of this strategy version.")
     ] = None,
     cluster: Annotated[
         str | None, Query(max_length=100, description="Only plans on this cluster.")

@@ -21,7 +21,7 @@ from backend.orm import Model, Search
 from backend.pagination import Page
 from backend.routers.clusters import resolve_cluster
 from backend.routers.plans import job_fields, job_of, owned
-from backend.schemas.common import PathId, errors
+from backend.schemas.common import MAX_ROW_ID, PathId, errors
 from backend.schemas.jobs import Created, SearchCreate, SearchOut
 
 router = APIRouter(prefix="/api/searches", tags=["searches"])
@@ -76,7 +76,9 @@ def list_searches(
     session: SessionDep,
     principal: PrincipalDep,
     page: Page,
-    model_id: Annotated[int | None, Query(ge=1, description="Only this model's searches.")] = None,
+    model_id: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Only this model's searches.")
+    ] = None,
 ) -> list[dict[str, Any]]:
     """The team's searches, newest first, a page at a time (`pagination`), filtered by model."""
     query = select(Search).where(Search.team_id == principal.team_id)

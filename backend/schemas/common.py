@@ -54,6 +54,8 @@ class ApiErrorBody(BaseModel):
 RowId = Annotated[int, Field(ge=1, le=2**31 - 1)]
 #: a row id in a URL path: larger numbers are a 422, never a database overflow
 PathId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+#: the largest row id (the databases' 32-bit INTEGER): query filters bound ids by it
+MAX_ROW_ID = 2**31 - 1
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
