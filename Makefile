@@ -32,8 +32,10 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
+# one pytest worker per core (pytest-xdist); `make test PYTEST_WORKERS=0` runs in one process
+PYTEST_WORKERS ?= auto
 pytest: $(VENV)/.installed-dev postgres chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # the API tests run against PostgreSQL too (database `test` on 127.0.0.1:5432, trust auth)
 postgres:

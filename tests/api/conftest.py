@@ -1,15 +1,13 @@
 """API test fixtures: the same suite against SQLite and PostgreSQL.
 
 `db_url` is parametrized: a fresh SQLite file per test, and the `test` database on
-127.0.0.1:5432 (trust auth), in a schema of this process's own (`SCHEMA`), wiped and
-migrated for each test. The
-PostgreSQL cases are skipped only when `SHARDLAB_SKIP_POSTGRES=1`; otherwise an unreachable
-server is an error (make test starts it).
+127.0.0.1:5432 (trust auth) in a schema of this process's own, emptied for each test
+(`tests/databases.py`). The PostgreSQL cases are skipped only when
+`SHARDLAB_SKIP_POSTGRES=1`; otherwise an unreachable server is an error (make test starts it).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,65 +16,19 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import text
 
-from backend import migrate
 from backend.app import create_app
 from backend.auth import create_token, ensure_team
 from backend.db import make_engine, session_factory, transaction
 from backend.orm import User
 from backend.settings import Settings
-
-POSTGRES_URL = os.environ.get(
-    "SHARDLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
-#: Each test process works in its own schema of the `test` database, so parallel runs
-#: (several checkouts, several developers) never wipe each other's tables.
-SCHEMA = f"shardlab_test_{os.getpid()}"
-
-
-def postgres_url() -> str:
-    """The test database URL with this process's schema as the search path."""
-    sep = "&" if "?" in POSTGRES_URL else "?"
-    return f"{POSTGRES_URL}{sep}options=-csearch_path%3D{SCHEMA}"
-
-
-def _wipe_postgres() -> None:
-    engine = make_engine(POSTGRES_URL)
-    with engine.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
-        conn.execute(text(f'CREATE SCHEMA "{SCHEMA}"'))
-    engine.dispose()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _drop_schema_at_exit() -> Iterator[None]:
-    """Leave the shared `test` database as it was: this process's schema goes at the end."""
-    yield
-    if os.environ.get("SHARDLAB_SKIP_POSTGRES") == "1":
-        return
-    engine = make_engine(POSTGRES_URL)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
-    except Exception:  # the server went away: nothing left to clean
-        pass
-    finally:
-        engine.dispose()
+from tests.databases import fresh_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A migrated, empty database of each kind."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'shardlab.db'}"
-    else:
-        if os.environ.get("SHARDLAB_SKIP_POSTGRES") == "1":
-            pytest.skip("SHARDLAB_SKIP_POSTGRES=1")
-        _wipe_postgres()
-        url = postgres_url()
-    migrate.upgrade(url)
-    return url
+    """A migrated, empty database of each kind (`tests/databases.py`)."""
+    return fresh_database(request, request.param, tmp_path)
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from backend.db import make_engine, transaction
 from backend.demo import seed_demo
 from backend.orm import ApiToken, User
 from backend.settings import Settings
-from tests.api.conftest import POSTGRES_URL, SCHEMA
+from tests.databases import POSTGRES_URL, SCHEMA
 
 MAX_EXAMPLES = 6
 

@@ -1,18 +1,15 @@
 """Worker test fixtures: a migrated database (SQLite file, or this process's own schema of
-the PostgreSQL `test` database, as in tests/api/conftest.py), and helpers that queue jobs."""
+the PostgreSQL `test` database: `tests/databases.py`), and helpers that queue jobs."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend import blobs, ledger, migrate
+from backend import blobs, ledger
 from backend.auth import ensure_team
 from backend.db import make_engine, session_factory, transaction
 from backend.orm import Job, Model, Plan, Strategy
@@ -20,53 +17,18 @@ from backend.settings import Settings
 from shardlab.cost.clusters import load_cluster
 from shardlab.graph_json import graph_to_json
 from shardlab.models import build_model
-
-POSTGRES_URL = os.environ.get(
-    "SHARDLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
-SCHEMA = f"shardlab_worker_test_{os.getpid()}"
-
-
-def _postgres(statement: str) -> None:
-    engine = make_engine(POSTGRES_URL)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(statement))
-    finally:
-        engine.dispose()
-
-
-def make_db(kind: str, tmp_path: Path) -> str:
-    """A migrated, empty database of `kind` (sqlite | postgresql); its URL."""
-    if kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'shardlab.db'}"
-    else:
-        if os.environ.get("SHARDLAB_SKIP_POSTGRES") == "1":
-            pytest.skip("SHARDLAB_SKIP_POSTGRES=1")
-        _postgres(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
-        _postgres(f'CREATE SCHEMA "{SCHEMA}"')
-        sep = "&" if "?" in POSTGRES_URL else "?"
-        url = f"{POSTGRES_URL}{sep}options=-csearch_path%3D{SCHEMA}"
-    migrate.upgrade(url)
-    return url
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _drop_schema_at_exit() -> Iterator[None]:
-    yield
-    if os.environ.get("SHARDLAB_SKIP_POSTGRES") != "1":
-        with contextlib.suppress(Exception):  # the server went away: nothing to clean
-            _postgres(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+from tests.databases import fresh_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_db(request.param, tmp_path)
+    """A migrated, empty database of each kind (`tests/databases.py`)."""
+    return fresh_database(request, request.param, tmp_path)
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return make_db("sqlite", tmp_path)
+def sqlite_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return fresh_database(request, "sqlite", tmp_path)
 
 
 def settings_for(url: str, tmp_path: Path, **numbers: str) -> Settings:

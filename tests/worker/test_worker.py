@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from backend.db import make_engine, session_factory
 from backend.ledger import request_cancel
 from backend.orm import Artifact, Job, Plan
-from tests.worker.conftest import job_row, make_db, queue_plan, settings_for
+from tests.worker.conftest import job_row, queue_plan, settings_for
 
 T = TypeVar("T")
 FAST = {"heartbeat_timeout_s": "3", "heartbeat_interval_s": "0.5"}
@@ -107,11 +107,10 @@ def _final(factory: sessionmaker[Session], job_id: int, timeout: float) -> Job:
     return wait_for(done, timeout, f"job {job_id} to finish")
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_killed_worker_job_is_taken_over_once(
-    kind: str, tmp_path: Path, factory_of: Callable[[str], sessionmaker[Session]]
+    db_url: str, tmp_path: Path, factory_of: Callable[[str], sessionmaker[Session]]
 ) -> None:
-    url = make_db(kind, tmp_path)
+    url = db_url
     factory = factory_of(url)
     plan_id, job_id = queue_plan(factory, settings_for(url, tmp_path))
     workers = Workers(url, tmp_path)
@@ -148,9 +147,9 @@ def test_killed_worker_job_is_taken_over_once(
 
 
 def test_running_job_is_cancelled(
-    tmp_path: Path, factory_of: Callable[[str], sessionmaker[Session]]
+    sqlite_url: str, tmp_path: Path, factory_of: Callable[[str], sessionmaker[Session]]
 ) -> None:
-    url = make_db("sqlite", tmp_path)
+    url = sqlite_url
     factory = factory_of(url)
     _, job_id = queue_plan(factory, settings_for(url, tmp_path))
     workers = Workers(url, tmp_path)
@@ -171,9 +170,9 @@ def test_running_job_is_cancelled(
 
 
 def test_deadline_times_the_job_out(
-    tmp_path: Path, factory_of: Callable[[str], sessionmaker[Session]]
+    sqlite_url: str, tmp_path: Path, factory_of: Callable[[str], sessionmaker[Session]]
 ) -> None:
-    url = make_db("sqlite", tmp_path)
+    url = sqlite_url
     factory = factory_of(url)
     plan_id, job_id = queue_plan(factory, settings_for(url, tmp_path), deadline_s=1.0)
     workers = Workers(url, tmp_path)
