@@ -19,9 +19,10 @@ from backend.orm import Strategy as StrategyRow
 from backend.settings import Settings
 from backend.tenancy import team_limits
 from shardlab.autodiff import training_graph
-from shardlab.cost.clusters import check_mesh_fits, cluster_from_dict
+from shardlab.cost.clusters import Cluster, check_mesh_fits, cluster_from_dict
 from shardlab.cost.effort import Effort, plan_effort
 from shardlab.graph_json import graph_from_json
+from shardlab.ir import Graph
 from shardlab.passes.manager import resolve_passes
 from shardlab.spmd.constraints import resolve_annotations
 from shardlab.strategy import Strategy
@@ -42,27 +43,53 @@ def engine_strategy(
 def check_plan(
     model: Model, row: StrategyRow, spec: dict[str, Any] | None, deadline_s: float | None = None
 ) -> None:
+    """`check_strategy` of a stored strategy version on a stored model: the strategy is
+    refused before the model's graph is unpacked."""
+    strategy = engine_strategy(row.mesh, row.templates, row.annotations, row.options)
+    cluster = fitting_cluster(strategy, spec)
+    check_training(model_graph(model), strategy, cluster, deadline_s)
+
+
+def check_strategy(
+    graph: Graph, strategy: Strategy, spec: dict[str, Any] | None, deadline_s: float | None = None
+) -> None:
     """Refuse at once what the worker would fail on before its first pass, with the engine's
     own errors: a mesh larger than the cluster (as `cost_program`), and annotations (the
     templates' and the user's) that match no value or do not divide a dim evenly. This runs
     `resolve_annotations` on the training graph the worker builds, so the check and the
     worker cannot disagree; for llama3-8b (32 layers) it costs about 0.1 s. With a
     `deadline_s` (the team's job deadline, `plan_deadline`), a plan whose build is estimated
-    to take longer is refused too (`check_effort`)."""
-    strategy = engine_strategy(row.mesh, row.templates, row.annotations, row.options)
-    mesh = strategy.mesh
-    cluster = None
-    if spec is not None:
-        cluster = cluster_from_dict(spec)
-        check_mesh_fits(mesh, cluster)
-    graph = graph_from_json(blobs.unpack(model.graph_blob))
+    to take longer is refused too (`check_effort`). It reads no database: a request runs it
+    on what it loaded, before its write transaction begins."""
+    check_training(graph, strategy, fitting_cluster(strategy, spec), deadline_s)
+
+
+def model_graph(model: Model) -> Graph:
+    """The serial graph of a stored model (its blob loaded)."""
+    return graph_from_json(blobs.unpack(model.graph_blob))
+
+
+def fitting_cluster(strategy: Strategy, spec: dict[str, Any] | None) -> Cluster | None:
+    """The cluster of `spec` (None without one); the engine's error for a larger mesh."""
+    if spec is None:
+        return None
+    cluster = cluster_from_dict(spec)
+    check_mesh_fits(strategy.mesh, cluster)
+    return cluster
+
+
+def check_training(
+    graph: Graph, strategy: Strategy, cluster: Cluster | None, deadline_s: float | None
+) -> None:
+    """The annotations on the training graph of `graph`, then the estimated build against
+    `deadline_s` (`check_strategy`)."""
     options = strategy.options  # checked by `Strategy.build`
     optimizer, lr = str(options.get("optimizer", "adamw")), float(options.get("lr", 1e-3))
     training = training_graph(graph, optimizer=optimizer, lr=lr, recompute=strategy.recompute)
     resolve_annotations(training, strategy)
     if deadline_s is not None:
         per_node = cluster.devices_per_node if cluster is not None else None
-        check_effort(plan_effort(len(training.ops), mesh, per_node), deadline_s)
+        check_effort(plan_effort(len(training.ops), strategy.mesh, per_node), deadline_s)
 
 
 def plan_deadline(session: Session, settings: Settings, team_id: int) -> float:

@@ -16,20 +16,37 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from backend import ledger
 from backend.baselines import baseline_of
+from backend.blobs import unpack
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
-from backend.errors import STATUS_BY_CODE, ApiError
+from backend.errors import STATUS_BY_CODE, ApiError, not_found
 from backend.orm import Baseline, Check, Model, Plan, Strategy, Verification
-from backend.planning import check_plan, engine_strategy, plan_deadline, queue_plan
+from backend.planning import (
+    check_strategy,
+    engine_strategy,
+    model_graph,
+    plan_deadline,
+    queue_plan,
+)
 from backend.routers.clusters import resolve_cluster
-from backend.routers.models import commit_or_conflict, document_model, preset_model
+from backend.routers.models import (
+    BuiltModel,
+    add_new_model,
+    commit_or_conflict,
+    document_blob,
+    find_document_model,
+    find_preset_model,
+    new_document_model,
+    new_preset_model,
+)
 from backend.routers.plans import built_plan, job_fields, job_of, owned
 from backend.routers.strategies import add_strategy_version
 from backend.schemas.common import PathId, errors
@@ -38,6 +55,9 @@ from backend.schemas.resources import StrategyUpdate
 from backend.settings import Settings
 from shardlab.check import Budgets, CheckError, Verdict, check_verifiable, figures, judge
 from shardlab.errors import ShardlabError
+from shardlab.graph_json import graph_from_json
+from shardlab.ir import Graph
+from shardlab.strategy import Strategy as EngineStrategy
 
 router = APIRouter(prefix="/api/checks", tags=["checks"])
 
@@ -46,24 +66,27 @@ router = APIRouter(prefix="/api/checks", tags=["checks"])
     "", status_code=202, response_model=CheckCreated, responses=errors(401, 404, 409, 413, 422)
 )
 def create_check(
-    body: CheckCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
+    body: CheckCreate,
+    request: Request,
+    session: SessionDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
 ) -> dict[str, Any]:
     """Queue a check: its plan is built by a job, then judged against `budgets`. The model
     and strategy are stored ones or given inline (stored with the check, or reused). 4xx at
     once, storing nothing, for a model or strategy given twice or not at all, a bad preset,
     graph or strategy, a mesh larger than the cluster, annotations that do not fit, a
     regression budget without a baseline, a baseline that is not a built plan of the team,
-    or `verify` on a model too large to verify. Everything is committed at once at the end."""
+    or `verify` on a model too large to verify. The model is built and the engine checks the
+    plan (seconds for a large model) on what short read sessions loaded, before this
+    request's write transaction (on SQLite, the database's write lock) begins; everything is
+    then committed at once."""
     team = principal.team_id
     _one_of(body, ("model_id", "model", "graph"), "model")
     _one_of(body, ("strategy_id", "strategy"), "strategy")
-    _check_budgets(session, team, body)
-    with _about("cluster"):
-        spec = resolve_cluster(session, team, body.cluster)
-    model = _model(session, team, body, settings.max_graph_ops)
+    spec, chosen = _checked(request.app.state.sessions, team, body, settings)
+    model = _model(session, team, body, chosen)
     strategy = _strategy(session, team, body)
-    with _about("strategy"):  # a mesh larger than the cluster, annotations that do not fit
-        check_plan(model, strategy, spec, plan_deadline(session, settings, team))
     baseline_plan_id = _baseline_plan(session, team, body, model)
     plan, job = queue_plan(session, settings, model, strategy, body.cluster, spec,
                            author_id=principal.user_id)  # fmt: skip
@@ -76,6 +99,87 @@ def create_check(
                        "retry the check")  # fmt: skip
     return {"id": check.id, "job_id": job.id, "status": job.status, "model_id": model.id,
             "strategy_id": strategy.id}  # fmt: skip
+
+
+# -- before the write transaction: what the check names, checked by the engine ---------------
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """The model a check names, resolved before its write transaction: its graph (what the
+    engine checks) and either the stored model's id or a new model built in memory (with the
+    name it is stored under unless taken)."""
+
+    graph: Graph
+    stored_id: int | None = None
+    new: tuple[str, BuiltModel] | None = None
+
+
+def _checked(
+    sessions: sessionmaker[Session], team: int, body: CheckCreate, settings: Settings
+) -> tuple[dict[str, Any] | None, _Chosen]:
+    """The check's budgets, cluster, model and strategy, resolved in short read sessions and
+    checked by the engine (`check_strategy`) outside any transaction, in the order a
+    refusal names them: budgets, cluster, model, strategy. The cluster's spec and the model."""
+    with sessions() as reading:
+        _check_budgets(reading, team, body)
+        with _about("cluster"):
+            spec = resolve_cluster(reading, team, body.cluster)
+        deadline = plan_deadline(reading, settings, team)
+    chosen = _chosen_model(sessions, team, body, settings.max_graph_ops)
+    with sessions() as reading:
+        strategy = _engine_strategy(reading, team, body)
+    with _about("strategy"):  # a mesh larger than the cluster, annotations that do not fit
+        check_strategy(chosen.graph, strategy, spec, deadline)
+    return spec, chosen
+
+
+def _chosen_model(
+    sessions: sessionmaker[Session], team: int, body: CheckCreate, limit: int
+) -> _Chosen:
+    """The stored model `model_id`, or the team's model of `model` (a preset) or `graph`,
+    found or built in memory (nothing stored)."""
+    if body.model_id is not None:
+        with sessions() as reading:
+            row: Model = owned(reading, Model, team, body.model_id, "model")
+        return _Chosen(model_graph(row), stored_id=row.id)
+    if body.model is not None:
+        with _about("model"):
+            return _chosen_preset(sessions, team, body.model.preset, body.model.overrides, limit)
+    with _about("graph"):
+        graph, blob = document_blob(body.graph, limit)
+        with sessions() as reading:
+            found = find_document_model(reading, team, blob)
+        if found is not None:
+            return _Chosen(graph, stored_id=found.id)
+        return _Chosen(graph, new=new_document_model(graph, blob))
+
+
+def _chosen_preset(
+    sessions: sessionmaker[Session], team: int, preset: str, overrides: dict[str, Any], limit: int
+) -> _Chosen:
+    """The team's model of `preset` with `overrides` (its stored graph), else a new one."""
+    with sessions() as reading:
+        found = find_preset_model(reading, team, preset, overrides)
+        blob = found.graph_blob if found is not None else None  # loads the deferred blob
+    if found is not None and blob is not None:
+        return _Chosen(graph_from_json(unpack(blob)), stored_id=found.id)
+    name, model = new_preset_model(preset, overrides, limit)
+    return _Chosen(model.graph, new=(name, model))
+
+
+def _engine_strategy(reading: Session, team: int, body: CheckCreate) -> EngineStrategy:
+    """The engine's strategy of the stored version `strategy_id` or of the inline `strategy`;
+    its errors name `strategy`."""
+    if body.strategy is None:
+        assert body.strategy_id is not None  # `_one_of`
+        row: Strategy = owned(reading, Strategy, team, body.strategy_id, "strategy")
+        definition = (row.mesh, row.templates, row.annotations, row.options)
+    else:
+        given = body.strategy
+        definition = (given.mesh, given.templates, given.annotations, given.options)
+    with _about("strategy"):
+        return engine_strategy(*definition)
 
 
 # -- what a check names: model, strategy, budgets --------------------------------------------
@@ -158,17 +262,23 @@ def _queue_verification(
     return verification.id
 
 
-def _model(session: Session, team: int, body: CheckCreate, limit: int) -> Model:
-    """The stored model `model_id`, or the team's model of `model` (a preset) or `graph`,
-    reused or added (flushed, not committed)."""
-    if body.model_id is not None:
-        model: Model = owned(session, Model, team, body.model_id, "model")
-        return model
-    if body.model is not None:
-        with _about("model"):
-            return preset_model(session, team, body.model.preset, body.model.overrides, limit)
-    with _about("graph"):
-        return document_model(session, team, body.graph, limit)
+def _model(session: Session, team: int, body: CheckCreate, chosen: _Chosen) -> Model:
+    """The chosen model's row in the write transaction: the stored one (404 if deleted
+    meanwhile), else the team's identical model stored meanwhile, else the new model added
+    (flushed, not committed; built already, not built again)."""
+    if chosen.stored_id is not None:
+        row = session.get(Model, chosen.stored_id, options=[defer(Model.graph_blob)])
+        if row is None:
+            raise not_found("model", chosen.stored_id)
+        return row
+    assert chosen.new is not None
+    name, model = chosen.new
+    with _about("model" if body.model is not None else "graph"):
+        if body.model is not None:
+            found = find_preset_model(session, team, body.model.preset, body.model.overrides)
+        else:
+            found = find_document_model(session, team, model.blob)
+        return found or add_new_model(session, team, name, model)
 
 
 def _strategy(session: Session, team: int, body: CheckCreate) -> Strategy:

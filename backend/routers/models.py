@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -130,46 +131,63 @@ def _summary(graph: Graph) -> dict[str, Any]:
     return summary
 
 
-def add_model(
-    session: Session, team_id: int, name: str, graph: Graph, source: str, **fields: Any
-) -> Model:
-    """Add the model (summarized, packed) and flush it, without committing: the caller
-    commits it with whatever else it adds. A name taken in the team is 409 `conflict`."""
+@dataclass(frozen=True)
+class BuiltModel:
+    """A model built in memory, packed and summarized before any statement (seconds for a
+    150,000-op graph), so that no transaction, and on SQLite no write lock, is held
+    meanwhile: what `add_model` stores (`fields`: its preset and overrides)."""
+
+    graph: Graph
+    blob: bytes
+    summary: dict[str, Any]
+    source: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def packed(graph: Graph) -> bytes:
+    """The stored form of a graph: its graph JSON, compressed."""
+    blob, _ = pack(graph_to_json(graph))
+    return blob
+
+
+def built_model(graph: Graph, source: str, blob: bytes | None = None, **fields: Any) -> BuiltModel:
+    """`graph` packed (unless its `blob` is given) and summarized, ready to store."""
+    return BuiltModel(graph, packed(graph) if blob is None else blob, _summary(graph), source,
+                      fields)  # fmt: skip
+
+
+def add_model(session: Session, team_id: int, name: str, model: BuiltModel) -> Model:
+    """Add the built model and flush it, without committing: the caller commits it with
+    whatever else it adds. A name taken in the team is 409 `conflict`."""
     taken = select(Model.id).where(Model.team_id == team_id, Model.name == name)
     if session.scalar(taken) is not None:
         raise ApiError(409, "conflict", f"a model named {name!r} already exists", name=name)
-    blob, _ = pack(graph_to_json(graph))
-    row = Model(
-        team_id=team_id,
-        name=name,
-        source=source,
-        graph_blob=blob,
-        summary=_summary(graph),
-        **fields,
-    )
+    row = Model(team_id=team_id, name=name, source=model.source, graph_blob=model.blob,
+                summary=model.summary, **model.fields)  # fmt: skip
     session.add(row)
     flush_or_conflict(session, f"a model named {name!r} already exists", name=name)
     return row
 
 
-def _store(
-    session: Session, team_id: int, name: str, graph: Graph, source: str, **fields: Any
-) -> Model:
+def _store(session: Session, team_id: int, name: str, model: BuiltModel) -> Model:
     """Insert the model (one commit, after everything above succeeded)."""
-    row = add_model(session, team_id, name, graph, source, **fields)
+    row = add_model(session, team_id, name, model)
     commit_or_conflict(session, f"a model named {name!r} already exists", name=name)
     return row
 
 
 # -- finding or adding the model a check names ---------------------------------------------
+#
+# A check resolves its model before its write transaction (`find_*`, `new_*`: the graph built
+# and packed in memory), then finds it again or adds it in that transaction (`add_new_model`).
 
 
-def preset_model(
-    session: Session, team_id: int, preset: str, overrides: dict[str, Any], limit: int
-) -> Model:
+def find_preset_model(
+    session: Session, team_id: int, preset: str, overrides: dict[str, Any]
+) -> Model | None:
     """The team's model of `preset` with `overrides` (equal configs: `{"layers": "4"}` is
-    `{"layers": 4}`), or a new one added (not committed) named after them, e.g.
-    `llama3-8b (layers=4)`, so repeated CI checks reuse one row."""
+    `{"layers": 4}`; its graph blob deferred), or None. An unknown preset is the engine's
+    404, a bad override 422 naming the key."""
     _, config = _preset_config(preset, overrides)
     query = (
         select(Model)
@@ -177,26 +195,43 @@ def preset_model(
         .options(defer(Model.graph_blob))
         .order_by(Model.id)
     )
-    for row in session.scalars(query):
-        if _config_of(preset, row.overrides) == config:
-            return row
+    return next(
+        (row for row in session.scalars(query) if _config_of(preset, row.overrides) == config),
+        None,
+    )
+
+
+def new_preset_model(preset: str, overrides: dict[str, Any], limit: int) -> tuple[str, BuiltModel]:
+    """The model of `preset` with `overrides`, built in memory (nothing stored), and the name
+    it is stored under unless the team has that name already, e.g. `llama3-8b (layers=4)`."""
+    _, config = _preset_config(preset, overrides)
     graph = _preset_graph(preset, overrides, limit)
     shown = ", ".join(f"{key}={getattr(config, key)}" for key in overrides)
-    name = free_model_name(session, team_id, f"{preset} ({shown})" if shown else preset)
-    return add_model(session, team_id, name, graph, "preset", preset=preset, overrides=overrides)
+    model = built_model(graph, "preset", preset=preset, overrides=overrides)
+    return f"{preset} ({shown})" if shown else preset, model
 
 
-def document_model(session: Session, team_id: int, data: Any, limit: int) -> Model:
-    """The team's model whose stored graph is byte-identical to the graph document `data`,
-    or a new one added (not committed), named after the graph."""
+def document_blob(data: Any, limit: int) -> tuple[Graph, bytes]:
+    """The graph document `data` parsed, validated and packed (nothing stored)."""
     graph = _document_graph(data, limit)
-    blob, _ = pack(graph_to_json(graph))
+    return graph, packed(graph)
+
+
+def find_document_model(session: Session, team_id: int, blob: bytes) -> Model | None:
+    """The team's first model whose stored graph is byte-identical to `blob`, or None."""
     same = select(Model).where(Model.team_id == team_id, Model.graph_blob == blob)
-    found = session.scalars(same.order_by(Model.id)).first()
-    if found is not None:
-        return found
-    name = free_model_name(session, team_id, graph.name.strip() or "graph")
-    return add_model(session, team_id, name, graph, "json")
+    return session.scalars(same.options(defer(Model.graph_blob)).order_by(Model.id)).first()
+
+
+def new_document_model(graph: Graph, blob: bytes) -> tuple[str, BuiltModel]:
+    """The model of a parsed graph document (summarized, nothing stored) and the name it is
+    stored under unless the team has that name already: the graph's."""
+    return graph.name.strip() or "graph", built_model(graph, "json", blob=blob)
+
+
+def add_new_model(session: Session, team_id: int, base: str, model: BuiltModel) -> Model:
+    """Add the built model (flushed, not committed) as `base`, or `base #2`, ... if taken."""
+    return add_model(session, team_id, free_model_name(session, team_id, base), model)
 
 
 def free_model_name(session: Session, team_id: int, base: str) -> str:
@@ -301,16 +336,15 @@ def _parse_upload(body: bytes) -> Any:
 def create_model(
     body: ModelCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    """Create a model from `{name, preset, overrides}` or `{name, graph}`."""
+    """Create a model from `{name, preset, overrides}` or `{name, graph}`: built, packed and
+    summarized before the first statement (on SQLite, before the write lock)."""
     limit = settings.max_graph_ops
     if body.preset is not None:
         graph = _preset_graph(body.preset, body.overrides, limit)
-        fields: dict[str, Any] = {"preset": body.preset, "overrides": body.overrides}
-        row = _store(session, principal.team_id, body.name, graph, "preset", **fields)
+        model = built_model(graph, "preset", preset=body.preset, overrides=body.overrides)
     else:
-        graph = _document_graph(body.graph, limit)
-        row = _store(session, principal.team_id, body.name, graph, "json")
-    return _detail(row)
+        model = built_model(_document_graph(body.graph, limit), "json")
+    return _detail(_store(session, principal.team_id, body.name, model))
 
 
 UPLOAD_BODY = {
@@ -333,9 +367,10 @@ def upload_model(
     principal: PrincipalDep,
     settings: SettingsDep,
 ) -> dict[str, Any]:
-    """Create a model from a graph JSON file sent as the raw request body."""
+    """Create a model from a graph JSON file sent as the raw request body (packed and
+    summarized before the first statement, as `create_model`)."""
     graph = _document_graph(_parse_upload(body), settings.max_graph_ops)
-    return _detail(_store(session, principal.team_id, name, graph, "upload"))
+    return _detail(_store(session, principal.team_id, name, built_model(graph, "upload")))
 
 
 @router.get("", response_model=list[ModelOut])

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.baselines import plan_against_baselines
+from backend.baselines import check_against_baselines, plan_against_baselines
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
 from backend.orm import Strategy as StrategyRow
@@ -109,6 +109,7 @@ def create_strategy(
 def update_strategy(
     strategy_id: PathId,
     body: StrategyUpdate,
+    request: Request,
     session: SessionDep,
     principal: PrincipalDep,
     settings: SettingsDep,
@@ -116,17 +117,28 @@ def update_strategy(
     """Save an edit as the next version of the strategy's name (older versions stay). Where a
     baseline was planned with an earlier version, the new one is planned on the baseline's
     model and cluster in the same transaction (`baseline_plans`), so its plan shows the
-    comparison with the baseline once built."""
-    row = owned_strategy(session, principal.team_id, strategy_id)
-    latest = session.scalar(
-        select(func.max(StrategyRow.version)).where(
-            StrategyRow.team_id == principal.team_id, StrategyRow.name == row.name
-        )
-    )
-    new = add_strategy_version(session, principal.team_id, row.name, (latest or 0) + 1, body)
-    queued = plan_against_baselines(session, settings, new, principal.user_id)
+    comparison with the baseline once built. The engine checks the new version on those
+    models (seconds for a large one) on what short read sessions loaded, before this
+    request's write transaction (on SQLite, the database's write lock) begins."""
+    team = principal.team_id
+    with request.app.state.sessions() as reading:
+        name = owned_strategy(reading, team, strategy_id).name
+    strategy = engine_strategy(body.mesh, body.templates, body.annotations, body.options)
+    checks = check_against_baselines(request.app.state.sessions, settings, team, name, strategy)
+    new = add_strategy_version(session, team, name, _latest_version(session, team, name) + 1, body)
+    queued = plan_against_baselines(session, settings, checks, new, principal.user_id)
     session.commit()
     return {**strategy_out(new), "baseline_plans": queued}
+
+
+def _latest_version(session: Session, team_id: int, name: str) -> int:
+    """The highest version of the team's strategy `name` (0 when it has none)."""
+    latest = session.scalar(
+        select(func.max(StrategyRow.version)).where(
+            StrategyRow.team_id == team_id, StrategyRow.name == name
+        )
+    )
+    return latest or 0
 
 
 @router.get("", response_model=list[StrategyOut])
