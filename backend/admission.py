@@ -78,8 +78,11 @@ class AdmissionMiddleware:
         try:
             deadline = asyncio.get_running_loop().time() + slots.wait_s
             for semaphore in (writes, everything) if scope["method"] in WRITES else (everything,):
-                left = deadline - asyncio.get_running_loop().time()
-                await asyncio.wait_for(semaphore.acquire(), max(left, 0.0))
+                if semaphore.locked():  # wait, within the deadline (a task and a timer)
+                    left = deadline - asyncio.get_running_loop().time()
+                    await asyncio.wait_for(semaphore.acquire(), max(left, 0.0))
+                else:  # a free slot: taken at once, without the cost of `wait_for`
+                    await semaphore.acquire()
                 held.append(semaphore)
         except TimeoutError:
             for semaphore in held:

@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 from backend.admission import AdmissionMiddleware, admission_slots
 from backend.db import make_engine, session_factory
 from backend.errors import install_error_handlers
+from backend.fast_reads import FastPlanReads
 from backend.idempotency import IdempotencyMiddleware
 from backend.limits import BodyLimitMiddleware
 from backend.openapi import install_openapi
@@ -65,7 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
         dependencies=[Depends(refuse_control_characters)],  # no control chars in path, query
     )
-    engine = make_engine(settings.database_url, pool_size=settings.api_slots)
+    pool = settings.api_slots + settings.fast_read_slots  # a connection for every slot
+    engine = make_engine(settings.database_url, pool_size=pool)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = session_factory(engine)
@@ -75,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(IdempotencyMiddleware)  # inside the body limit: it reads the body
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(AdmissionMiddleware, slots=admission_slots(settings, engine))
+    app.add_middleware(FastPlanReads, service=app, slots=settings.fast_read_slots)
     install_security(app)  # outermost: its headers go on every answer (503s, 413s too)
 
     @app.get("/healthz", tags=["health"])

@@ -38,12 +38,15 @@ class Settings:
     #: lifetime of a browser session and of the one-time login link
     session_ttl_s: float = 14 * 24 * 3600.0
     login_link_ttl_s: float = 24 * 3600.0
-    #: API requests served at once (`backend/admission.py`); the database pool holds as many
+    #: API requests served at once (`backend/admission.py`); the database pool holds as many,
+    #: and the fast lane's
     api_slots: int = 16
     #: of those, writes at once (0: 2 on SQLite, which serializes writes, else half)
     api_write_slots: int = 0
     #: longest wait for a slot before a 503 with Retry-After
     api_wait_s: float = 10.0
+    #: plan reads served at once by the fast lane beside them (`backend/fast_reads.py`)
+    fast_read_slots: int = 4
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Settings:
@@ -70,6 +73,7 @@ class Settings:
             "api_slots",
             "api_write_slots",
             "api_wait_s",
+            "fast_read_slots",
         ):
             raw = env.get(f"SHARDLAB_{name.upper()}")
             if raw is None:

@@ -213,6 +213,14 @@ def _cpu_note(label: str, load: Load) -> str:
     return f"{label}: server {server} ms, client {load.client_cpu / done * 1e3:.2f} ms"
 
 
+def _uvicorn_stack() -> str:
+    """The event loop and HTTP parser uvicorn picks here ("auto": the C ones if installed)."""
+    from importlib.util import find_spec
+
+    loop = "uvloop" if find_spec("uvloop") else "asyncio loop"
+    return f"{loop}, {'httptools' if find_spec('httptools') else 'h11'}"
+
+
 def _load_average() -> str:
     try:
         return f"{os.getloadavg()[0]:.2f}"
@@ -269,8 +277,10 @@ def run() -> Section:
         finally:
             _stop_server(server)
     section.notes.append(
-        f"Server: `shardlab serve --no-worker`, one uvicorn process (asyncio loop, h11, "
-        f"access log on; FastAPI runs these sync endpoints in its thread pool), on {HOST}. "
+        f"Server: `shardlab serve --no-worker`, one uvicorn process ({_uvicorn_stack()}, "
+        f"access log on; `GET /api/plans/{{id}}` answered by the fast lane of "
+        f"`backend/fast_reads.py` in the event loop, the list by FastAPI in its thread pool), "
+        f"on {HOST}. "
         f"Database: SQLite (WAL) in a temporary directory, holding {PLANS} built plans of one "
         f"team (tiny llama3-8b: {TINY['layers']} layers, hidden {TINY['hidden']}; dp=2,tp=2; "
         f"costed on {CLUSTER}); building them with the worker took {build_s:.1f} s. "

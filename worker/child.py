@@ -27,6 +27,9 @@ from typing import Any
 
 #: Seconds between the child's checks that its parent is still alive.
 PARENT_CHECK_S = 0.5
+#: the engine's builds are batch work: on a machine shared with the API (`make run`, a small
+#: deployment) they yield the CPU to requests, which wait on them (niceness 0 -> 10)
+ENGINE_NICENESS = 10
 
 
 def _watch_parent(parent: int) -> None:
@@ -77,6 +80,7 @@ def child_main(
     may use at most `memory_bytes` of address space (None: no cap), the engine's imports
     included (about 150 MiB virtual for numpy and the engine)."""
     cap_memory(memory_bytes)
+    os.nice(ENGINE_NICENESS)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the worker's to handle
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     from shardlab.errors import ShardlabError
