@@ -51,6 +51,17 @@ AnnotateOption = Annotated[
     ),
 ]
 
+ScheduleOption = Annotated[
+    str | None,
+    typer.Option(help="Pipeline schedule on a pp mesh axis: gpipe, 1f1b (default), interleaved."),
+]
+MicrobatchesOption = Annotated[
+    int | None, typer.Option(help="Pipeline micro-batches (default: one per stage).")
+]
+VirtualStagesOption = Annotated[
+    int | None, typer.Option(help="Model chunks per pipeline rank (interleaved; default 2).")
+]
+
 
 def load_model(model: str, overrides: list[str] | None = None) -> Graph:
     """A preset (with overrides) or a validated graph file."""

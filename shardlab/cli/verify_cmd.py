@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -12,15 +13,20 @@ from shardlab.cli.common import (
     AnnotateOption,
     JsonFlag,
     MeshOption,
+    MicrobatchesOption,
     RecomputeOption,
+    ScheduleOption,
     SetOption,
     TemplateOption,
+    VirtualStagesOption,
     app,
     build_strategy,
     fail,
     load_model,
 )
 from shardlab.errors import ShardlabError
+from shardlab.passes.pipeline_schedule import PipelineError
+from shardlab.strategy import Strategy, check_options
 
 
 @app.command("verify")
@@ -31,34 +37,51 @@ def verify_cmd(
     annotate: AnnotateOption = None,
     set_: SetOption = None,
     recompute: RecomputeOption = "none",
+    schedule: ScheduleOption = None,
+    microbatches: MicrobatchesOption = None,
+    virtual_stages: VirtualStagesOption = None,
     dtype: Annotated[str, typer.Option(help="Compute dtype: float64 or float32.")] = "float64",
     optimizer: Annotated[str, typer.Option(help="adamw or sgd.")] = "adamw",
     seed: Annotated[int, typer.Option(help="Seed of the inputs and parameters.")] = 0,
     backend: Annotated[
-        str, typer.Option(help="Where the ranks run: simulated (all ranks in this process).")
+        str,
+        typer.Option(
+            help="Where the ranks run: simulated (all ranks in this process) or torch (one "
+            "process per rank, torch.distributed collectives over gloo on CPU)."
+        ),
     ] = "simulated",
+    nproc: Annotated[
+        int | None,
+        typer.Option(help="Processes to run (--backend torch); must equal the mesh size."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run forward, backward and the optimizer on the simulated mesh and on one device."""
+    """Run forward, backward and the optimizer on the simulated mesh and on one device; a pp
+    mesh axis runs as a pipeline (--schedule, default 1f1b; --microbatches; --virtual-stages)."""
+    from shardlab.runtime.backends import check_nproc
     from shardlab.runtime.verify import verify
 
     try:
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, annotate, recompute)
+        strategy = with_pipeline(strategy, schedule, microbatches, virtual_stages)
+        check_nproc(nproc, strategy.mesh)
         report = verify(
             graph, strategy, optimizer=optimizer, compute_dtype=dtype, seed=seed, backend=backend
         )
     except ShardlabError as exc:
         fail(exc)
+    default_schedule = "pp" in strategy.mesh.axis_names and schedule is None
     if as_json:
         body = {"ok": report.ok, "first_divergence": report.first_divergence, **report.summary}
+        body.update({"default_schedule": True} if default_schedule else {})
         body["checks"] = [asdict(c) for c in report.checks]
         typer.echo(json.dumps(body, indent=2))
     else:
         worst = max(report.checks, key=lambda c: c.max_abs, default=None)
         status = "PASS" if report.ok else "FAIL"
-        compared, collectives = report.summary["compared"], report.summary["collectives"]
-        typer.echo(f"{status}: {compared} tensors compared in {dtype}; collectives {collectives}")
+        typer.echo(f"{status}: {report.summary['compared']} tensors compared in {dtype}; "
+                   + how_distributed(report.summary, default_schedule))  # fmt: skip
         if worst is not None:
             typer.echo(
                 f"largest error: {worst.name} ({worst.kind}) abs {worst.max_abs:.3g} "
@@ -68,3 +91,36 @@ def verify_cmd(
             typer.echo(f"first diverging op: {report.first_divergence}")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def with_pipeline(
+    strategy: Strategy, schedule: str | None, microbatches: int | None, virtual_stages: int | None
+) -> Strategy:
+    """`strategy` with the command line's pipeline settings in its option `pipeline`, checked
+    against its mesh (the engine's defaults fill what is not given)."""
+    settings: dict[str, Any] = {"schedule": schedule} if schedule else {}
+    settings.update({"microbatches": microbatches} if microbatches is not None else {})
+    settings.update({"virtual_stages": virtual_stages} if virtual_stages is not None else {})
+    if "pp" not in strategy.mesh.axis_names:
+        if settings:
+            raise PipelineError(
+                "--schedule, --microbatches and --virtual-stages pipeline a mesh's 'pp' axis; "
+                f"mesh {strategy.mesh} has none"
+            )
+        return strategy
+    options = {**strategy.options, "pipeline": settings}
+    check_options(options, strategy.mesh)  # a schedule or count it cannot run is named
+    return dataclasses.replace(strategy, options=options)
+
+
+def how_distributed(summary: dict[str, Any], default_schedule: bool) -> str:
+    """The collectives of a flat plan, or the schedule, stages and micro-batches of a pipeline."""
+    if "schedule" not in summary:
+        return f"collectives {summary['collectives']}"
+    chunks = summary["virtual_stages"]
+    return (
+        f"pipeline {summary['schedule']}"
+        + (" (the default schedule; choose with --schedule)" if default_schedule else "")
+        + f", {summary['pp']} stages on axis pp, {summary['microbatches']} micro-batches"
+        + (f", {chunks} chunks per stage" if chunks > 1 else "")
+    )

@@ -25,13 +25,15 @@ _REDUCE = {
 }
 
 
-def _op(p: Placement, step: CommStep) -> str:
+def partial_op(p: Placement, step: CommStep) -> str:
+    """The reduce op of the Partial placement a step reduces (an error for another)."""
     if not isinstance(p, Partial):
         raise ExecutionError(f"{step.kind} needs a Partial placement, got {p}", step=step.kind)
     return p.op
 
 
-def _dim(p: Placement, step: CommStep) -> int:
+def shard_dim(p: Placement, step: CommStep) -> int:
+    """The dim of the Shard placement a step gathers or splits (an error for another)."""
     if not isinstance(p, Shard):
         raise ExecutionError(f"{step.kind} needs a Shard placement, got {p}", step=step.kind)
     return p.dim
@@ -56,25 +58,25 @@ def apply_step(blocks: Mapping[int, Array], mesh: Mesh, step: CommStep) -> dict[
         xs = [blocks[r] for r in group]
         n = len(group)
         if step.kind == "all_gather":
-            full = np.concatenate(xs, axis=_dim(step.src, step))
+            full = np.concatenate(xs, axis=shard_dim(step.src, step))
             ys = [full.copy() for _ in group]
         elif step.kind == "all_reduce":
-            total = np.asarray(_REDUCE[_op(step.src, step)](np.stack(xs)))
+            total = np.asarray(_REDUCE[partial_op(step.src, step)](np.stack(xs)))
             ys = [total.copy() for _ in group]
         elif step.kind == "reduce_scatter":
-            total = np.asarray(_REDUCE[_op(step.src, step)](np.stack(xs)))
-            ys = [c.copy() for c in np.split(total, n, axis=_dim(step.dst, step))]
+            total = np.asarray(_REDUCE[partial_op(step.src, step)](np.stack(xs)))
+            ys = [c.copy() for c in np.split(total, n, axis=shard_dim(step.dst, step))]
         elif step.kind == "all_to_all":
-            d, e = _dim(step.src, step), _dim(step.dst, step)
+            d, e = shard_dim(step.src, step), shard_dim(step.dst, step)
             sent = [np.split(x, n, axis=e) for x in xs]  # sent[i][j]: from rank i to rank j
             ys = [np.concatenate([sent[i][j] for i in range(n)], axis=d) for j in range(n)]
         elif step.kind == "local_slice":
-            d = _dim(step.dst, step)
+            d = shard_dim(step.dst, step)
             ys = [np.split(x, n, axis=d)[c].copy() for c, x in enumerate(xs)]
         elif step.kind == "local_partial" and isinstance(step.src, Shard):
-            ys = [_pad(x, c, n, step.src.dim, _op(step.dst, step)) for c, x in enumerate(xs)]
+            ys = [_pad(x, c, n, step.src.dim, partial_op(step.dst, step)) for c, x in enumerate(xs)]
         elif step.kind == "local_partial":
-            keep_all = _op(step.dst, step) != "sum"
+            keep_all = partial_op(step.dst, step) != "sum"
             ys = [x.copy() if keep_all or c == 0 else np.zeros_like(x) for c, x in enumerate(xs)]
         else:  # pragma: no cover - CommStep.kind is a closed Literal
             raise ExecutionError(f"unknown step kind {step.kind!r}", step=step.kind)

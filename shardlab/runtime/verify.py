@@ -5,29 +5,60 @@ simulated mesh from the same seeded sources as the single-device reference, and 
 loss, every gradient and every updated parameter with dtype-aware tolerances. On a mismatch
 it names the first serial op (in program order) whose output diverges: since every value is
 compared, the first failing one in topological order is where the bisection lands.
+
+A strategy whose mesh has a `pp` axis is verified as a pipeline
+(`runtime.pipeline_exec.verify_pipeline`) with the strategy option `pipeline` (schedule,
+micro-batches, virtual stages; `passes.pipeline_schedule.PipelineOptions`, whose defaults
+are the engine's: 1f1b, one micro-batch per stage); the model must then be a preset, rebuilt
+at the micro-batch size.
+
+Tolerances, with `(rtol, atol) = TOLERANCES[compute_dtype]`:
+
+- the loss, activations and gradients: elementwise `|got - want| <= atol + rtol * |want|`.
+- the outputs of an optimizer step (new parameters, moments, master weights): as the UPDATE
+  `new - old` against the reference's update, to the accuracy the gradient check allows.
+  The gradient passed when it is within `tau = atol + rtol * |g|` of the reference's, so the
+  step may legitimately move by `spread`, the largest change of its output when the
+  reference's gradient moves by `+-tau` (the optimizer re-run in float64; its other inputs are
+  the same sources on both sides). An output passes when `|got - want| <= spread +
+  rtol * |want - old| + 4 * eps * |want|` (`eps` of the compute dtype: the rounding of the
+  final `old - step`). For SGD `spread = lr * tau`; for AdamW it is tiny where the gradient is
+  resolved and about `lr` where the gradient is at rounding-noise level (a gradient zero in
+  exact arithmetic, e.g. a key bias, which `m / (sqrt(v) + eps)` amplifies to a +-lr step of
+  arbitrary sign). A wrong update of a resolved gradient fails even at 1e-3 of the step:
+  `rtol` applies to the step, not to `atol`. Their `max_rel` is relative to the reference's
+  largest update of the tensor.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from shardlab.errors import ExecutionError
-from shardlab.ir import Graph, ValueKind
+from shardlab.errors import ExecutionError, PresetError
+from shardlab.ir import Graph, Op, OpRole, ValueKind
+from shardlab.models import build_model, get_preset
+from shardlab.ops import get_op
+from shardlab.ops.base import Array
+from shardlab.passes.pipeline_schedule import PipelineOptions
 from shardlab.plan import Plan, build_plan
+from shardlab.runtime.backends import run_backend
 from shardlab.runtime.reference import check_compute_dtype, run_reference, source_values
-from shardlab.runtime.simulated import global_view, run_simulated
+from shardlab.runtime.simulated import global_view
 from shardlab.strategy import Strategy
 
 #: (rtol, atol) by compute dtype.
 TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (1e-5, 1e-5)}
+#: Machine epsilon by compute dtype (the rounding of an optimizer's final subtraction).
+EPSILON = {"float64": float(np.finfo(np.float64).eps), "float32": float(np.finfo(np.float32).eps)}
 
-#: Where the distributed side runs. "simulated": every rank in this process
-#: (`runtime/simulated.py`, numpy). One process per rank (`runtime/torchdist.py`, gloo/nccl)
-#: is not written yet.
-BACKENDS = ("simulated",)
+#: Where the distributed side runs (`runtime/backends.py`). "simulated": every rank in this
+#: process (`runtime/simulated.py`, numpy); "torch": one process per rank, real
+#: torch.distributed collectives over gloo on CPU (`runtime/torchdist.py`).
+BACKENDS = ("simulated", "torch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +111,74 @@ def _compare(name: str, kind: str, got: np.ndarray, want: np.ndarray, dtype: str
     return TensorCheck(name, kind, max_abs, max_rel, ok)
 
 
+def value_kind(graph: Graph, name: str) -> str:
+    """How value `name` of a training graph is reported: loss, grad, param or activation."""
+    value = graph.value(name)
+    if name == str(graph.meta.get("loss", graph.outputs[0])):
+        return "loss"
+    if value.kind == ValueKind.GRAD:
+        return "grad"
+    if value.kind in (ValueKind.PARAM, ValueKind.STATE):
+        return "param"
+    return "activation"
+
+
+#: The gradient's position among an optimizer op's inputs (param, grad, state...).
+GRAD_INPUT = 1
+
+
+def update_spread(op: Op, env: Mapping[str, Array], dtype: str) -> list[Array]:
+    """How far each output of optimizer op `op` moves (elementwise, float64) when its
+    gradient moves by the gradient tolerance `+-tau` around the reference's (module doc)."""
+    impl = get_op(op.kind).numpy_impl
+    assert impl is not None, op.kind
+    rtol, atol = TOLERANCES[dtype]
+    args = [np.asarray(env[v], dtype=np.float64) for v in op.inputs]
+    grad = args[GRAD_INPUT]
+    tau = atol + rtol * np.abs(grad)
+    center = [np.asarray(y, dtype=np.float64) for y in impl(args, op.attrs)]
+    spread = [np.zeros_like(y) for y in center]
+    for moved_grad in (grad + tau, grad - tau):
+        moved = impl([*args[:GRAD_INPUT], moved_grad, *args[GRAD_INPUT + 1 :]], op.attrs)
+        spread = [
+            np.maximum(s, np.abs(np.asarray(m) - c))
+            for s, m, c in zip(spread, moved, center, strict=True)
+        ]
+    return spread
+
+
+def _compare_update(
+    name: str, got: Array, want: Array, old: Array, spread: Array, dtype: str
+) -> TensorCheck:
+    """An optimizer output: its update against the reference's, within `spread` (module doc)."""
+    rtol, _ = TOLERANCES[dtype]
+    want64 = want.astype(np.float64)
+    diff = np.abs(got.astype(np.float64) - want64)
+    step = np.abs(want64 - old.astype(np.float64))
+    ok = bool(np.all(diff <= spread + rtol * step + 4 * EPSILON[dtype] * np.abs(want64)))
+    max_abs = float(np.max(diff, initial=0.0))
+    max_rel = max_abs / max(float(np.max(step, initial=0.0)), 1e-30)
+    return TensorCheck(name, "param", max_abs, max_rel, ok)
+
+
+def check_outputs(
+    graph: Graph, op: Op, env: Mapping[str, Array], got: Mapping[str, Array], dtype: str
+) -> list[TensorCheck]:
+    """A check of every output of `op` that `got` holds, against the reference `env`, by the
+    rule of its kind (module doc)."""
+    names = [name for name in op.outputs if name in got]
+    if op.role != OpRole.OPTIMIZER or not names:
+        return [_compare(n, value_kind(graph, n), got[n], env[n], dtype) for n in names]
+    spread = update_spread(op, env, dtype)
+    inplace = list(op.attrs.get("inplace", [0]))
+    checks = []
+    for j, name in enumerate(op.outputs):
+        if name in got:
+            old = env[op.inputs[inplace[j] if j < len(inplace) else 0]]
+            checks.append(_compare_update(name, got[name], env[name], old, spread[j], dtype))
+    return checks
+
+
 def verify(
     graph: Graph | Plan,
     strategy: Strategy | None = None,
@@ -105,31 +204,21 @@ def verify(
         plan = graph
     elif strategy is None:
         raise TypeError("verify(graph, strategy): a strategy is needed with a graph")
+    elif PIPELINE_AXIS in strategy.mesh.axis_names:
+        return _verify_pipelined(graph, strategy, optimizer, lr, compute_dtype, seed, backend)
     else:
         plan = build_plan(graph, strategy, optimizer=optimizer, lr=lr)
     tg, program = plan.training, plan.program
     env = run_reference(tg, seed=seed, compute_dtype=compute_dtype)
-    blocks = run_simulated(program, {v.name: env[v.name] for v in source_values(tg)}, seed)
+    blocks = run_backend(backend, program, {v.name: env[v.name] for v in source_values(tg)}, seed)
     checks: list[TensorCheck] = []
     first: str | None = None
-    loss = str(tg.meta.get("loss", tg.outputs[0]))
     for op in tg.ops:
-        for name in op.outputs:
-            got = global_view(program, blocks, program.values[name])
-            value = tg.value(name)
-            kind = (
-                "loss"
-                if name == loss
-                else "grad"
-                if value.kind == ValueKind.GRAD
-                else "param"
-                if value.kind in (ValueKind.PARAM, ValueKind.STATE)
-                else "activation"
-            )
-            check = _compare(name, kind, got, env[name], compute_dtype)
+        got = {n: global_view(program, blocks, program.values[n]) for n in op.outputs}
+        for check in check_outputs(tg, op, env, got, compute_dtype):
             if not check.ok and first is None:
                 first = op.name
-            if kind != "activation" or not check.ok:
+            if check.kind != "activation" or not check.ok:
                 checks.append(check)
     ok = first is None
     summary = {
@@ -139,3 +228,57 @@ def verify(
         "compared": len(checks),
     }
     return VerifyReport(ok, compute_dtype, checks, first, summary)
+
+
+#: The mesh axis that pipelines (`passes.pipeline`).
+PIPELINE_AXIS = "pp"
+
+
+def micro_builder(graph: Graph) -> Callable[[int], Graph]:
+    """Rebuilds preset model `graph` (its `meta` names the preset and config) at a batch size."""
+    preset, config = graph.meta.get("preset"), graph.meta.get("config")
+    if not isinstance(preset, str) or not isinstance(config, Mapping) or "batch" not in config:
+        raise PresetError(
+            f"a pipeline (mesh axis {PIPELINE_AXIS!r}) needs a preset model with a batch "
+            f"setting, got graph {graph.name!r}",
+            model=graph.name,
+        )
+    default = get_preset(preset).config
+    overrides = {k: v for k, v in config.items() if getattr(default, k, v) != v}
+    return lambda batch: build_model(preset, {**overrides, "batch": batch})
+
+
+def _verify_pipelined(
+    graph: Graph,
+    strategy: Strategy,
+    optimizer: str,
+    lr: float,
+    compute_dtype: str,
+    seed: int,
+    backend: str,
+) -> VerifyReport:
+    """`verify` of a strategy with a `pp` axis: the pipeline its option `pipeline` says."""
+    from shardlab.runtime.pipeline_exec import verify_pipeline  # it imports this module
+
+    if backend != "simulated":
+        raise ExecutionError(
+            f"pipelines (mesh axis {PIPELINE_AXIS!r}) verify on the simulated backend only, "
+            f"not {backend!r}",
+            backend=backend,
+        )
+    settings = PipelineOptions.from_options(
+        strategy.options, strategy.mesh.axis_size(PIPELINE_AXIS)
+    )
+    return verify_pipeline(
+        micro_builder(graph),
+        strategy,
+        microbatches=settings.microbatches,
+        schedule=settings.schedule,
+        virtual_stages=settings.virtual_stages,
+        batch=int(graph.meta["config"]["batch"]),
+        optimizer=optimizer,
+        lr=lr,
+        compute_dtype=compute_dtype,
+        seed=seed,
+        axis=PIPELINE_AXIS,
+    )

@@ -1,0 +1,45 @@
+"""Run a DistProgram on a named verification backend (`runtime.verify.BACKENDS`).
+
+"simulated": every rank in this process (`runtime.simulated`, numpy); "torch": one process
+per rank with real torch.distributed collectives (`runtime.torchdist`, imported only when
+asked for, so the simulated backend needs no torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shardlab.errors import ExecutionError
+from shardlab.mesh import Mesh
+from shardlab.ops.base import Array
+from shardlab.program import DistProgram
+from shardlab.runtime.simulated import Blocks, run_simulated
+
+
+def run_backend(
+    backend: str,
+    program: DistProgram,
+    sources: Mapping[str, Array],
+    seed: int = 0,
+    *,
+    nproc: int | None = None,
+) -> Blocks:
+    """Every program value's block on every rank, computed by `backend`."""
+    if backend == "simulated":
+        return run_simulated(program, sources, seed)
+    if backend == "torch":
+        from shardlab.runtime.torchdist import run_torchdist
+
+        return run_torchdist(program, sources, seed, nproc=nproc)
+    raise ExecutionError(f"unknown verification backend {backend!r}", backend=backend)
+
+
+def check_nproc(nproc: int | None, mesh: Mesh) -> None:
+    """ExecutionError unless `nproc` (processes asked for; None: any) equals the mesh size."""
+    if nproc is not None and nproc != mesh.size:
+        raise ExecutionError(
+            f"--nproc {nproc} does not match the mesh {mesh}, which has {mesh.size} ranks "
+            "and runs one process per rank",
+            nproc=nproc,
+            mesh_size=mesh.size,
+        )
