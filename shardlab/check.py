@@ -127,15 +127,22 @@ def verification_bytes(params: int, ranks: int, dtype_bytes: int = 8) -> int:
     return (ranks + 1) * params * 4 * dtype_bytes
 
 
-def check_verifiable(params: int, ranks: int, limit: int = MAX_VERIFICATION_BYTES) -> None:
-    """A CheckError naming `verify` when verifying would need more than `limit` bytes."""
-    need = verification_bytes(params, ranks)
+def check_verifiable(
+    params: int,
+    ranks: int,
+    limit: int = MAX_VERIFICATION_BYTES,
+    dtype: str = "float64",
+    field: str = "verify",
+) -> None:
+    """A CheckError naming `field` when verifying in `dtype` would need more than `limit`
+    bytes."""
+    need = verification_bytes(params, ranks, 4 if dtype == "float32" else 8)
     if need > limit:
         raise CheckError(
-            f"verify: a verification of {params:,} parameters on {ranks} ranks would hold about "
-            f"{_gib(need)} in float64 (limit {_gib(limit)}); verify a smaller shape of the "
-            "model (fewer layers, a smaller hidden size) under the same strategy instead",
-            field="verify",
+            f"{field}: a verification of {params:,} parameters on {ranks} ranks would hold "
+            f"about {_gib(need)} in {dtype} (limit {_gib(limit)}); verify a smaller shape of "
+            "the model (fewer layers, a smaller hidden size) under the same strategy instead",
+            field=field,
             bytes=need,
             limit=limit,
         )

@@ -6,14 +6,16 @@ from typing import Any
 
 from fastapi import APIRouter
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from backend import ledger
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
-from backend.orm import Plan, Verification
+from backend.orm import Model, Plan, Strategy, Verification
+from backend.planning import engine_strategy
 from backend.routers.plans import job_fields, job_of, owned
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, VerificationCreate, VerificationOut
+from shardlab.check import check_verifiable
 
 router = APIRouter(prefix="/api/verifications", tags=["verifications"])
 
@@ -35,9 +37,12 @@ def _out(session: Session, ver: Verification) -> dict[str, Any]:
 def create_verification(
     body: VerificationCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    """Queue one training step of the plan on the simulated mesh against one device."""
+    """Queue one training step of the plan on the simulated mesh against one device; 422
+    naming `plan_id` for a model too large to verify here (`shardlab.check.check_verifiable`:
+    a full-size model's run would take gigabytes of memory and minutes), storing nothing."""
     team = principal.team_id
-    owned(session, Plan, team, body.plan_id, "plan")
+    plan: Plan = owned(session, Plan, team, body.plan_id, "plan")
+    _check_verifiable(session, plan, body.compute_dtype)
     job = ledger.enqueue(session, settings, team, "verify", {})
     ver = Verification(
         team_id=team, plan_id=body.plan_id, job_id=job.id, compute_dtype=body.compute_dtype
@@ -47,6 +52,16 @@ def create_verification(
     job.payload = {"verification_id": ver.id}
     session.commit()
     return {"id": ver.id, "job_id": job.id, "status": job.status}
+
+
+def _check_verifiable(session: Session, plan: Plan, dtype: str) -> None:
+    """Refuse a plan whose verification would hold more than the limit, at once."""
+    model = session.get(Model, plan.model_id, options=[defer(Model.graph_blob)])
+    strategy = session.get(Strategy, plan.strategy_id)
+    assert model is not None and strategy is not None  # a plan keeps its model and strategy
+    ranks = engine_strategy(strategy.mesh, strategy.templates, strategy.annotations,
+                            strategy.options).mesh.size  # fmt: skip
+    check_verifiable(int(model.summary.get("params", 0)), ranks, dtype=dtype, field="plan_id")
 
 
 @router.get("", response_model=list[VerificationOut], responses=errors(401, 422))

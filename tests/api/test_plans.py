@@ -163,6 +163,28 @@ def test_verification_and_comparison(
     assert answer.status_code == 404 and answer.json()["detail"]["resource"] == "plan"
 
 
+def test_a_model_too_large_to_verify_is_refused_at_once(client: TestClient) -> None:
+    """Verifying a full-size llama3-8b on 8 ranks would hold about 2 TiB in float64 (the UI
+    once started such a run, 11.4 GB after 50 s): 422 naming plan_id, nothing queued; in
+    float32 the bound halves, still far over."""
+    model = _created(client.post("/api/models", json={"name": "8b", "preset": "llama3-8b"}))
+    strategy = _created(client.post("/api/strategies", json={"name": "dp", "mesh": "dp=8",
+                                                             "templates": ["dp"]}))  # fmt: skip
+    plan = _created(client.post("/api/plans", json={"model_id": model["id"],
+                                                    "strategy_id": strategy["id"]}))  # fmt: skip
+    jobs = client.get("/api/jobs").json()
+    for dtype in ("float64", "float32"):
+        answer = client.post("/api/verifications", json={"plan_id": plan["id"],
+                                                         "compute_dtype": dtype})  # fmt: skip
+        assert answer.status_code == 422, answer.text
+        body = answer.json()
+        assert body["code"] == "invalid_check" and body["detail"]["field"] == "plan_id"
+        assert body["message"].startswith("plan_id: a verification of 8,030,261,248 parameters")
+        assert f"in {dtype}" in body["message"] and body["detail"]["bytes"] > (4 << 30)
+    assert client.get("/api/verifications").json() == []
+    assert client.get("/api/jobs").json() == jobs
+
+
 def _sse(text: str) -> list[tuple[str, dict[str, Any]]]:
     events = []
     for block in text.strip().split("\n\n"):
