@@ -32,6 +32,14 @@ one rank, the default group is joined from the environment, and every rank ends 
 rank's blocks (`all_gather_object`). `python -m shardlab.runtime.torchdist PLAN.json`
 verifies a saved plan (`shardlab.plan.save_plan`) on this backend that way, or, run without
 torchrun, by spawning.
+
+Timing (`time_torchdist`, used by `runtime.measure`): every rank runs its program `steps`
+times on the same sources, a `dist.barrier()` before each step; the wall clock
+(`time.perf_counter_ns`) is read around each op, relative to the rank's own barrier exit. A
+sync op's span is its issue to its outputs stored; an async collective's is its issue to its
+wait's completion; a `wait` / `hold` / `free` op's span includes completing its predecessors
+(where the rank blocks). The first `warmup` steps are dropped; each rank returns its spans
+(`RankTiming`).
 """
 
 from __future__ import annotations
@@ -41,10 +49,12 @@ import itertools
 import multiprocessing
 import os
 import pickle
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -153,11 +163,29 @@ def _process_ranks(program: DistProgram) -> list[int]:
 
 def _run_spawned(program: DistProgram, per_rank: dict[int, RankBlocks], timeout_s: float) -> Blocks:
     """Spawn one process per rank; each writes its blocks to a file of a temporary dir."""
+    ranks = _process_ranks(program)
+    blocks: Blocks = {}
+    for r, theirs in zip(ranks, _spawn(program, per_rank, timeout_s, None), strict=True):
+        for name, block in theirs.items():
+            blocks.setdefault(name, {})[r] = block
+    return blocks
+
+
+def _spawn(
+    program: DistProgram,
+    per_rank: dict[int, RankBlocks],
+    timeout_s: float,
+    timing: tuple[int, int] | None,
+) -> list[Any]:
+    """Spawn one process per rank; what each wrote back (its blocks, or its `RankTiming`
+    when `timing` = (steps, warmup) is given), in process order."""
     torch, _ = _torch()
     ranks = _process_ranks(program)
     with tempfile.TemporaryDirectory(prefix="shardlab-torch-") as tmp:
         work = Path(tmp)
         _dump(work / "program.pkl", program)
+        if timing is not None:
+            _dump(work / "timing.pkl", timing)
         for p, r in enumerate(ranks):
             _dump(work / f"in{p}.pkl", per_rank[r])
         try:
@@ -169,11 +197,7 @@ def _run_spawned(program: DistProgram, per_rank: dict[int, RankBlocks], timeout_
             )
         except Exception as exc:  # a rank failed; its own error file says why
             raise _rank_failure(work, ranks, exc) from None
-        blocks: Blocks = {}
-        for p, r in enumerate(ranks):
-            for name, block in _load(work / f"out{p}.pkl").items():
-                blocks.setdefault(name, {})[r] = block
-    return blocks
+        return [_load(work / f"out{p}.pkl") for p in range(len(ranks))]
 
 
 def _start_method() -> str:
@@ -207,8 +231,13 @@ def _spawned_rank(proc: int, nproc: int, work: str, timeout_s: float) -> None:
     )
     try:
         program: DistProgram = _load(where / "program.pkl")
-        blocks = run_rank(program, _process_ranks(program)[proc], _load(where / f"in{proc}.pkl"))
-        _dump(where / f"out{proc}.pkl", blocks)
+        me, sources = _process_ranks(program)[proc], _load(where / f"in{proc}.pkl")
+        timing = where / "timing.pkl"
+        if timing.exists():
+            steps, warmup = _load(timing)
+            _dump(where / f"out{proc}.pkl", time_rank(program, me, sources, steps, warmup))
+        else:
+            _dump(where / f"out{proc}.pkl", run_rank(program, me, sources))
     except ShardlabError as exc:
         (where / f"error{proc}.txt").write_text(exc.message)
         raise
@@ -325,8 +354,95 @@ def run_rank(program: DistProgram, me: int, sources: RankBlocks) -> RankBlocks:
     return _RankRun(program, me, dict(sources)).run()
 
 
+@dataclass(frozen=True, slots=True)
+class RankTiming:
+    """One rank's timed steps (nanoseconds, relative to the rank's barrier exit).
+
+    `spans`: op name -> (start, end) in the kept step whose wall time is the median (one
+    consistent schedule, for a trace); `durations`: op name -> median duration over the kept
+    steps (at least 1 ns); `step_ns`: the wall time of every kept step.
+    """
+
+    rank: int
+    spans: dict[str, tuple[int, int]]
+    durations: dict[str, int]
+    step_ns: list[int] = field(default_factory=list)
+
+    @property
+    def step_median_ns(self) -> float:
+        return float(statistics.median(self.step_ns))
+
+
+def time_rank(
+    program: DistProgram, me: int, sources: RankBlocks, steps: int, warmup: int
+) -> RankTiming:
+    """Run rank `me`'s program `warmup + steps` times (a barrier before each) and time its
+    ops; the warm-up steps are dropped."""
+    _, dist = _torch()
+    run = _RankRun(program, me, dict(sources))
+    kept: list[tuple[int, dict[int, tuple[int, int]]]] = []
+    for n in range(warmup + steps):
+        run.blocks, run.pending, run.spans = dict(sources), {}, {}
+        dist.barrier()
+        run.t0 = time.perf_counter_ns()
+        run.run()
+        wall = time.perf_counter_ns() - run.t0
+        if n >= warmup:
+            kept.append((wall, run.spans))
+    return _timing(program, me, kept)
+
+
+def _timing(
+    program: DistProgram, me: int, kept: list[tuple[int, dict[int, tuple[int, int]]]]
+) -> RankTiming:
+    """The median step's spans and every op's median duration over the kept steps."""
+    walls = [w for w, _ in kept]
+    median_step = sorted(range(len(kept)), key=lambda k: walls[k])[len(kept) // 2]
+    names = [op.name for op in program.ops]
+    spans = {names[i]: se for i, se in sorted(kept[median_step][1].items())}
+    durations = {
+        names[i]: max(1, int(statistics.median(s[i][1] - s[i][0] for _, s in kept)))
+        for i in kept[0][1]
+    }
+    return RankTiming(me, spans, durations, walls)
+
+
+def time_torchdist(
+    program: DistProgram,
+    sources: Mapping[str, Array],
+    seed: int = 0,
+    *,
+    steps: int = 5,
+    warmup: int = 1,
+    compute_dtype: str | None = None,
+    nproc: int | None = None,
+    timeout_s: float = 300.0,
+) -> dict[int, RankTiming]:
+    """Every rank's timing of `steps` steps after `warmup` dropped ones, one process per rank
+    (spawned; not under torchrun)."""
+    _torch()
+    if steps < 1 or warmup < 0:
+        raise ExecutionError(
+            f"timing needs steps >= 1 and warmup >= 0, got steps={steps} warmup={warmup}",
+            steps=steps,
+            warmup=warmup,
+        )
+    if nproc is not None and nproc != program.mesh.size:
+        raise ExecutionError(
+            f"backend {BACKEND!r}: {nproc} processes requested but the mesh "
+            f"{program.mesh.shape} has {program.mesh.size} ranks; they must be equal",
+            backend=BACKEND,
+            nproc=nproc,
+            mesh_size=program.mesh.size,
+        )
+    per_rank = split_sources(program, sources, seed, compute_dtype)
+    got: list[RankTiming] = _spawn(program, per_rank, timeout_s, (steps, warmup))
+    return {t.rank: t for t in got}
+
+
 class _RankRun:
-    """One rank's execution: its blocks, its groups, the collectives still in flight."""
+    """One rank's execution: its blocks, its groups, the collectives still in flight and,
+    per op index, its (start, end) wall clock in ns since `t0`."""
 
     def __init__(self, program: DistProgram, me: int, blocks: RankBlocks) -> None:
         self.program = program
@@ -334,14 +450,23 @@ class _RankRun:
         self.blocks = blocks
         self.groups = _make_groups(program, me)
         self.pending: dict[int, tuple[Any, Finish]] = {}
+        self.t0 = time.perf_counter_ns()
+        self.spans: dict[int, tuple[int, int]] = {}
+        self.issued: dict[int, int] = {}
 
     def run(self) -> RankBlocks:
         ops = self.program.ops
         preds = hz.predecessors(ops)
         for i, op in enumerate(ops):
+            begin = time.perf_counter_ns()
             for p in preds[i]:
                 self.complete(p)
+            start = begin if op.kind in hz.SYNC_KINDS else time.perf_counter_ns()
             self.issue(i, op)
+            if i in self.pending:
+                self.issued[i] = start
+            else:
+                self.spans[i] = (start - self.t0, time.perf_counter_ns() - self.t0)
         for i in list(self.pending):
             self.complete(i)
         return self.blocks
@@ -355,6 +480,7 @@ class _RankRun:
         if handle is not None:
             handle.wait()
         self._store(self.program.ops[i], finish())
+        self.spans[i] = (self.issued.pop(i) - self.t0, time.perf_counter_ns() - self.t0)
 
     def issue(self, i: int, op: DistOp) -> None:
         if op.kind in hz.P2P_KINDS:
