@@ -124,10 +124,12 @@ def test_the_engine_process_is_capped_at_the_teams_memory(
     client: TestClient, user_client: Any, settings: Settings
 ) -> None:
     """Under a 512 MiB cap a plan and a tiny verification still run (numpy and the engine
-    need about 150 MiB), while verifying a model with a 2 GiB embedding (vocab 2^18 x
-    hidden 1024 in float64) fails with `out_of_memory` naming the limit."""
+    need about 150 MiB), while verifying a model of about 39 M parameters (a vocab of 2^15 x
+    hidden 512; in float64 its parameters, gradients and moments alone are 1.2 GiB, within
+    the 4 GiB the service lets a verification start with) fails with `out_of_memory` naming
+    the limit."""
     _set(_admin(user_client), "alpha", job_memory_bytes=512 * 1024**2)
-    big = _model(client, "wide", vocab=1 << 18, hidden=1024, heads=8, kv_heads=8, ffn=2048)
+    big = _model(client, "wide", vocab=1 << 15, hidden=512, heads=8, kv_heads=8, ffn=1024)
     tiny = _model(client, "tiny")
     strategy = _strategy(client, "dp2", "dp=2", ["dp"])
     plans = {
