@@ -43,8 +43,8 @@ PLAN_PATH = re.compile(r"/api/plans/([1-9][0-9]{0,9})")
 
 
 class FastPlanReads:
-    """Answer `GET /api/plans/{id}` of the caller's team in one hop (the module docstring);
-    pass every other request on to `app`."""
+    """Answer `GET /api/plans/{id}` of the caller's team in one step, in the event loop or
+    one thread hop (`reads_in_loop`); pass every other request on to `app`."""
 
     def __init__(self, app: ASGIApp, service: FastAPI, slots: int) -> None:
         self.app, self.service, self.slots = app, service, slots
