@@ -56,8 +56,9 @@ def verify_cmd(
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run forward, backward and the optimizer on the simulated mesh and on one device; a pp
-    mesh axis runs as a pipeline (--schedule, default 1f1b; --microbatches; --virtual-stages)."""
+    """Run forward, backward and the optimizer on the mesh (--backend) and on one device; a pp
+    mesh axis runs as a pipeline on either backend (--schedule, default 1f1b; --microbatches;
+    --virtual-stages)."""
     from shardlab.runtime.backends import check_nproc
     from shardlab.runtime.verify import verify
 

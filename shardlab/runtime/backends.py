@@ -2,18 +2,23 @@
 
 "simulated": every rank in this process (`runtime.simulated`, numpy); "torch": one process
 per rank with real torch.distributed collectives (`runtime.torchdist`, imported only when
-asked for, so the simulated backend needs no torch).
+asked for, so the simulated backend needs no torch). `run_pipeline_backend` does the same
+for a pipeline's stage programs (`runtime.pipeline_exec`, `runtime.torch_pipeline`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from shardlab.errors import ExecutionError
 from shardlab.mesh import Mesh
 from shardlab.ops.base import Array
 from shardlab.program import DistProgram
 from shardlab.runtime.simulated import Blocks, run_simulated
+
+if TYPE_CHECKING:
+    from shardlab.passes.pipeline import PipelineProgram
 
 
 def run_backend(
@@ -31,6 +36,27 @@ def run_backend(
         from shardlab.runtime.torchdist import run_torchdist
 
         return run_torchdist(program, sources, seed, nproc=nproc)
+    raise ExecutionError(f"unknown verification backend {backend!r}", backend=backend)
+
+
+def run_pipeline_backend(
+    backend: str,
+    pipeline: PipelineProgram,
+    sources: Mapping[str, Array],
+    seed: int = 0,
+    *,
+    nproc: int | None = None,
+) -> list[Blocks]:
+    """Every pipeline stage's blocks of every value it holds after the step, computed by
+    `backend` from the global (full-batch) sources."""
+    if backend == "simulated":
+        from shardlab.runtime.pipeline_exec import run_pipeline_blocks
+
+        return run_pipeline_blocks(pipeline, sources, seed)
+    if backend == "torch":
+        from shardlab.runtime.torch_pipeline import run_pipeline_torch
+
+        return run_pipeline_torch(pipeline, sources, seed, nproc=nproc)
     raise ExecutionError(f"unknown verification backend {backend!r}", backend=backend)
 
 

@@ -6,6 +6,11 @@ send. A send copies the blocks of every rank of its stage; the recv hands each b
 rank at the same coordinates (on the non-pipeline axes) of the receiving stage. Graph inputs
 are split along dim 0 into the micro-batches.
 
+`run_pipeline` and `verify_pipeline` take a `backend` (`runtime.backends.run_pipeline_backend`):
+"simulated" is `run_pipeline_blocks`; "torch" runs every rank in its own process with real
+send/recv and collectives (`runtime.torch_pipeline`). Either gives every stage's blocks, and
+the comparison below is the same.
+
 `verify_pipeline` compares the loss (mean of the micro-batch losses), every accumulated
 parameter gradient and every updated parameter and optimizer state with one device running
 the full batch, with the tolerances of `runtime.verify` (an optimizer's outputs as updates,
@@ -92,14 +97,21 @@ def run_pipeline_blocks(
 
 
 def run_pipeline(
-    pipeline: PipelineProgram, sources: Mapping[str, Array], seed: int = 0
+    pipeline: PipelineProgram,
+    sources: Mapping[str, Array],
+    seed: int = 0,
+    *,
+    backend: str = "simulated",
 ) -> dict[str, Array]:
-    """Global views after one pipelined step, from the global (full-batch) source values.
+    """Global views after one pipelined step on `backend`, from the global (full-batch)
+    source values.
 
     Keys: every entry of `pipeline.outputs` (accumulated gradients, new params and state),
     `<loss>#<m>` per micro-batch and the loss itself (their mean).
     """
-    blocks = run_pipeline_blocks(pipeline, sources, seed)
+    from shardlab.runtime.backends import run_pipeline_backend
+
+    blocks = run_pipeline_backend(backend, pipeline, sources, seed)
 
     def view(stage: int, value: str) -> Array:
         program = pipeline.stages[stage]
@@ -134,6 +146,7 @@ def verify_pipeline(
     seed: int = 0,
     axis: str = "pp",
     transform: Callable[[PipelineProgram], PipelineProgram] | None = None,
+    backend: str = "simulated",
 ) -> VerifyReport:
     """One pipelined training step against the full batch on one device.
 
@@ -142,6 +155,7 @@ def verify_pipeline(
     report's `first_divergence` names the first failing tensor (loss, then by name); its
     summary is the pipeline's summary plus the number of compared tensors. `transform`, when
     given, rewrites the built pipeline before it runs (e.g. passes on its stage programs).
+    `backend` runs the stages (`runtime.verify.BACKENDS`).
     """
     if isinstance(model, str):
         if batch is None:
@@ -169,7 +183,8 @@ def verify_pipeline(
     if transform is not None:
         pipeline = transform(pipeline)
     env = run_reference(full, seed=seed, compute_dtype=compute_dtype)
-    got = run_pipeline(pipeline, {v.name: env[v.name] for v in source_values(full)}, seed)
+    sources = {v.name: env[v.name] for v in source_values(full)}
+    got = run_pipeline(pipeline, sources, seed, backend=backend)
     loss = pipeline.loss
     outputs = {name: got[name] for name in pipeline.outputs}
     checks: list[TensorCheck] = []

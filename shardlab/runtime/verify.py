@@ -10,7 +10,7 @@ A strategy whose mesh has a `pp` axis is verified as a pipeline
 (`runtime.pipeline_exec.verify_pipeline`) with the strategy option `pipeline` (schedule,
 micro-batches, virtual stages; `passes.pipeline_schedule.PipelineOptions`, whose defaults
 are the engine's: 1f1b, one micro-batch per stage); the model must then be a preset, rebuilt
-at the micro-batch size.
+at the micro-batch size. Both backends run pipelines.
 
 Tolerances, with `(rtol, atol) = TOLERANCES[compute_dtype]`:
 
@@ -260,12 +260,6 @@ def _verify_pipelined(
     """`verify` of a strategy with a `pp` axis: the pipeline its option `pipeline` says."""
     from shardlab.runtime.pipeline_exec import verify_pipeline  # it imports this module
 
-    if backend != "simulated":
-        raise ExecutionError(
-            f"pipelines (mesh axis {PIPELINE_AXIS!r}) verify on the simulated backend only, "
-            f"not {backend!r}",
-            backend=backend,
-        )
     settings = PipelineOptions.from_options(
         strategy.options, strategy.mesh.axis_size(PIPELINE_AXIS)
     )
@@ -281,4 +275,5 @@ def _verify_pipelined(
         compute_dtype=compute_dtype,
         seed=seed,
         axis=PIPELINE_AXIS,
+        backend=backend,
     )

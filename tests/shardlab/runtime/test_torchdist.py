@@ -1,6 +1,6 @@
 """The torch backend: every rank in its own process, collectives over torch.distributed (gloo).
 
-Ranks are forked from one forkserver (`runtime.torchdist`): the first run pays for its start,
+Ranks are forked from one forkserver (`runtime.torch_launch`): the first run pays for its start,
 later runs take a few seconds each.
 """
 

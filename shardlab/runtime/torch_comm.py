@@ -1,0 +1,229 @@
+"""The torch backend's collectives: a program's comm steps as torch.distributed calls.
+
+What it is for: a rank of the torch backend (`runtime.torch_rank`) runs comm steps and a
+kernel's mid-op reductions over real process groups; this module makes those groups and
+maps every step onto one gloo collective, with the layout conversions between a numpy
+block and the flat tensor torch sends.
+
+- `make_groups` creates a torch group for every group of every non-empty subset of mesh
+  axes, of every mesh given (a flat program's mesh, or every pipeline stage's sub-mesh), on
+  every rank and in the same order (torch.distributed requires it); a rank keeps its own
+  group per axes subset (`Group`). A group of one rank has no torch group.
+- steps: all_reduce -> `all_reduce` (several blocks, a fused bucket, in one call; avg =
+  sum / n, gloo has no AVG), all_gather -> `all_gather_single`, reduce_scatter ->
+  `reduce_scatter_single`, all_to_all -> `all_to_all_single`; local_slice and local_partial
+  need no peer. Each is issued with `async_op=True` and returns its handle (None: nothing
+  to wait for) and a `Finish` that makes its outputs once the handle is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from shardlab.errors import ExecutionError
+from shardlab.mesh import Mesh
+from shardlab.ops.base import Array
+from shardlab.placement import Shard
+from shardlab.reshard import CommStep
+from shardlab.runtime.reshard_exec import partial_op, shard_dim
+from shardlab.runtime.sharded import axes_group
+from shardlab.runtime.torch_launch import BACKEND, torch_modules
+
+#: What an issued collective leaves behind: how to make its outputs once it is done.
+Finish = Callable[[], list[Array]]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """This rank's group over some mesh axes: its ranks in mesh order, this rank's position
+    in it, the torch group (None for a group of one) and, per torch group rank, the mesh
+    position it holds (torch orders a group's ranks by process index)."""
+
+    ranks: tuple[int, ...]
+    pos: int
+    pg: Any
+    mesh_pos: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+
+def make_groups(
+    meshes: Sequence[Mesh], proc: Mapping[int, int], me: int
+) -> dict[tuple[str, ...], Group]:
+    """Rank `me`'s group for every non-empty subset of its mesh's axes; every rank creates
+    every group of every mesh, in the same order. `proc`: mesh rank -> process index."""
+    _, dist = torch_modules()
+    mine: dict[tuple[str, ...], Group] = {}
+    for mesh in meshes:
+        names = mesh.axis_names
+        for k in range(1, len(names) + 1):
+            for axes in itertools.combinations(names, k):
+                seen: set[tuple[int, ...]] = set()
+                for r in mesh.ranks:
+                    group = axes_group(mesh, r, axes)
+                    if group in seen:
+                        continue
+                    seen.add(group)
+                    pg = dist.new_group([proc[g] for g in group]) if len(group) > 1 else None
+                    if me in group:
+                        mine[axes] = Group(group, group.index(me), pg, _torch_order(group, proc))
+    return mine
+
+
+def _torch_order(group: tuple[int, ...], proc: Mapping[int, int]) -> tuple[int, ...]:
+    """Per torch group rank, the mesh position it holds (torch sorts by process index)."""
+    return tuple(sorted(range(len(group)), key=lambda i: proc[group[i]]))
+
+
+class Handles:
+    """Several async handles waited as one."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
+
+    def wait(self) -> None:
+        for h in self.handles:
+            h.wait()
+
+
+def tensor(x: Array) -> Any:
+    """A flat torch copy of a block (the copy stays untouched while a collective runs)."""
+    torch, _ = torch_modules()
+    return torch.from_numpy(np.array(x, copy=True).reshape(-1))
+
+
+def _empty(n: int, like: Array) -> Any:
+    torch, _ = torch_modules()
+    return torch.from_numpy(np.empty(n, dtype=like.dtype))
+
+
+def start_step(xs: Sequence[Array], step: CommStep, g: Group) -> tuple[Any, Finish]:
+    """Issue comm step `step` on every block of `xs` over group `g`."""
+    if step.kind == "all_reduce":
+        return all_reduce(xs, partial_op(step.src, step), g)
+    started = [_start_one(x, step, g) for x in xs]
+    handles = [h for h, _ in started if h is not None]
+    return Handles(handles) if handles else None, lambda: [f()[0] for _, f in started]
+
+
+def _start_one(x: Array, step: CommStep, g: Group) -> tuple[Any, Finish]:
+    """Issue one step (other than all_reduce) on one block."""
+    if step.kind == "all_gather":
+        return _all_gather(x, shard_dim(step.src, step), g)
+    if step.kind == "reduce_scatter":
+        return _reduce_scatter(x, partial_op(step.src, step), shard_dim(step.dst, step), g)
+    if step.kind == "all_to_all":
+        return _all_to_all(x, shard_dim(step.src, step), shard_dim(step.dst, step), g)
+    if step.kind == "local_slice":
+        piece = np.split(x, g.n, axis=shard_dim(step.dst, step))[g.pos].copy()
+        return None, lambda: [piece]
+    if step.kind == "local_partial":
+        made = _local_partial(x, step, g)
+        return None, lambda: [made]
+    raise ExecutionError(f"unknown step kind {step.kind!r}", step=step.kind)
+
+
+def _local_partial(x: Array, step: CommStep, g: Group) -> Array:
+    """R or S(d) -> P(op) on this rank, as `reshard_exec.apply_step` does it."""
+    op = partial_op(step.dst, step)
+    if isinstance(step.src, Shard):
+        d = step.src.dim
+        shape = list(x.shape)
+        shape[d] *= g.n
+        out = np.zeros(shape, dtype=x.dtype)
+        where = [slice(None)] * x.ndim
+        where[d] = slice(g.pos * x.shape[d], (g.pos + 1) * x.shape[d])
+        out[tuple(where)] = x * g.n if op == "avg" else x
+        return out
+    return x.copy() if op != "sum" or g.pos == 0 else np.zeros_like(x)
+
+
+def _torch_op(op: str) -> Any:
+    _, dist = torch_modules()
+    ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM}
+    ops.update(max=dist.ReduceOp.MAX, min=dist.ReduceOp.MIN)
+    if op not in ops:
+        raise ExecutionError(f"backend {BACKEND!r}: no reduction {op!r}", backend=BACKEND)
+    return ops[op]
+
+
+def all_reduce(xs: Sequence[Array], op: str, g: Group) -> tuple[Any, Finish]:
+    """One all_reduce of the flattened, concatenated blocks (a fused bucket in one call)."""
+    _, dist = torch_modules()
+    sizes = [x.size for x in xs]
+    if g.pg is None:
+        return None, lambda: [np.array(x, copy=True) for x in xs]
+    buf = tensor(np.concatenate([np.ravel(x) for x in xs]))
+    handle = dist.all_reduce(buf, op=_torch_op(op), group=g.pg, async_op=True)
+
+    def finish() -> list[Array]:
+        flat = buf.numpy() / g.n if op == "avg" else buf.numpy()
+        parts = np.split(flat, np.cumsum(sizes)[:-1])
+        return [p.reshape(x.shape).astype(x.dtype) for p, x in zip(parts, xs, strict=True)]
+
+    return handle, finish
+
+
+def _newer(dist: ModuleType, name: str, old: str) -> Any:
+    """torch's newer name of a collective, or its older one."""
+    return getattr(dist, name, None) or getattr(dist, old)
+
+
+def _all_gather(x: Array, dim: int, g: Group) -> tuple[Any, Finish]:
+    _, dist = torch_modules()
+    if g.pg is None:
+        return None, lambda: [x.copy()]
+    out = _empty(g.n * x.size, x)
+    gather = _newer(dist, "all_gather_single", "all_gather_into_tensor")
+    handle = gather(out, tensor(x), group=g.pg, async_op=True)
+
+    def finish() -> list[Array]:
+        got = out.numpy().reshape(g.n, *x.shape)
+        by_pos = [got[g.mesh_pos.index(c)] for c in range(g.n)]
+        return [np.concatenate(by_pos, axis=dim)]
+
+    return handle, finish
+
+
+def _reduce_scatter(x: Array, op: str, dim: int, g: Group) -> tuple[Any, Finish]:
+    _, dist = torch_modules()
+    chunks = np.split(x, g.n, axis=dim)
+    if g.pg is None:
+        return None, lambda: [chunks[0].copy()]
+    send = tensor(np.concatenate([np.ravel(chunks[c]) for c in g.mesh_pos]))
+    out = _empty(chunks[0].size, x)
+    scatter = _newer(dist, "reduce_scatter_single", "reduce_scatter_tensor")
+    handle = scatter(out, send, op=_torch_op(op), group=g.pg, async_op=True)
+
+    def finish() -> list[Array]:
+        got = out.numpy().reshape(chunks[0].shape)
+        return [got / g.n if op == "avg" else got]
+
+    return handle, finish
+
+
+def _all_to_all(x: Array, src_dim: int, dst_dim: int, g: Group) -> tuple[Any, Finish]:
+    """S(src_dim) -> S(dst_dim): chunk j of this block (along dst_dim) goes to position j;
+    the chunks received are concatenated along src_dim in mesh order."""
+    _, dist = torch_modules()
+    chunks = np.split(x, g.n, axis=dst_dim)
+    if g.pg is None:
+        return None, lambda: [chunks[0].copy()]
+    send = tensor(np.concatenate([np.ravel(chunks[c]) for c in g.mesh_pos]))
+    out = _empty(send.numel(), x)
+    handle = dist.all_to_all_single(out, send, group=g.pg, async_op=True)
+
+    def finish() -> list[Array]:
+        got = out.numpy().reshape(g.n, *chunks[0].shape)
+        by_pos = [got[g.mesh_pos.index(c)] for c in range(g.n)]
+        return [np.concatenate(by_pos, axis=src_dim)]
+
+    return handle, finish

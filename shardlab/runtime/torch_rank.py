@@ -1,0 +1,282 @@
+"""One rank of the torch backend: run (or time) a rank's program in this process.
+
+What it is for: every process of the torch backend (`runtime.torchdist`,
+`runtime.torch_pipeline`) runs one mesh rank's ops in program order; this module is that
+run, with the process group already joined (`runtime.torch_launch`).
+
+- compute ops run their rule's numpy kernel (`runtime.kernels`) on the rank's blocks; a
+  kernel's mid-op `CollectiveRequest` is a blocking `all_reduce` over the group of its axes;
+- comm steps on a mesh axis run over the rank's torch group along that axis
+  (`runtime.torch_comm`);
+- an async op (`hazards.is_async`: any op on a `comm:*` stream) is issued with
+  `async_op=True`; its handle is waited, and its outputs made, before the first op that
+  names it as a happens-before predecessor (a dep, the next op on its stream) is issued,
+  and at the end; `wait`, `hold` and `free` do nothing else;
+- `send` / `recv` (pipeline stage programs) go to the run's `PointToPoint`
+  (`runtime.torch_pipeline`); a program run without one refuses them (ExecutionError).
+
+Timing (`time_rank`, for `runtime.measure`): the program runs `warmup + steps` times on the
+same sources, a `dist.barrier()` before each; the wall clock (`time.perf_counter_ns`) is
+read around each op, relative to the rank's own barrier exit. A sync op's span is its issue
+to its outputs stored; an async collective's is its issue to its wait's completion; a
+`wait` / `hold` / `free` op's span includes completing its predecessors (where the rank
+blocks). The warm-up steps are dropped (`RankTiming`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from shardlab.errors import ExecutionError
+from shardlab.ops.base import Array
+from shardlab.program import DistOp, DistProgram
+from shardlab.runtime import hazards as hz
+from shardlab.runtime.kernels import KERNELS, CollectiveRequest, LocalContext
+from shardlab.runtime.torch_comm import Finish, Group, all_reduce, make_groups, start_step
+from shardlab.runtime.torch_launch import BACKEND, torch_modules
+
+#: One rank's blocks: value name -> array.
+RankBlocks = dict[str, Array]
+
+
+class PointToPoint(Protocol):
+    """Where a rank's `send` and `recv` ops go (a pipeline's stage-to-stage transfers)."""
+
+    def send(self, op: DistOp, block: Array) -> None:
+        """Start sending `block`, the input of send op `op` (it may complete later)."""
+
+    def recv(self, op: DistOp) -> Array:
+        """The block recv op `op` receives (blocks until it has arrived)."""
+
+
+def process_ranks(ranks: Sequence[int]) -> list[int]:
+    """Mesh rank run by each process index (process i runs the i-th smallest rank)."""
+    return sorted(ranks)
+
+
+def run_rank(program: DistProgram, me: int, sources: RankBlocks) -> RankBlocks:
+    """Run mesh rank `me`'s program in this process (the process group is joined): every
+    value's block on this rank."""
+    return RankRun(program, me, dict(sources), _flat_groups(program, me)).run()
+
+
+def _flat_groups(program: DistProgram, me: int) -> dict[tuple[str, ...], Group]:
+    """Rank `me`'s groups when one process runs each rank of `program`'s mesh."""
+    proc = {r: p for p, r in enumerate(process_ranks(program.mesh.ranks))}
+    return make_groups([program.mesh], proc, me)
+
+
+def flat_job(
+    proc: int, common: tuple[DistProgram, tuple[int, int] | None], mine: RankBlocks
+) -> Any:
+    """A launched process's job (`torch_launch.Job`) for one rank of a flat program: its
+    blocks, or its `RankTiming` when `common` holds (steps, warmup)."""
+    program, timing = common
+    me = process_ranks(program.mesh.ranks)[proc]
+    if timing is None:
+        return run_rank(program, me, mine)
+    return time_rank(program, me, mine, *timing)
+
+
+@dataclass(frozen=True, slots=True)
+class RankTiming:
+    """One rank's timed steps (nanoseconds, relative to the rank's barrier exit).
+
+    `spans`: op name -> (start, end) in the kept step whose wall time is the median (one
+    consistent schedule, for a trace); `durations`: op name -> median duration over the kept
+    steps (at least 1 ns); `step_ns`: the wall time of every kept step.
+    """
+
+    rank: int
+    spans: dict[str, tuple[int, int]]
+    durations: dict[str, int]
+    step_ns: list[int] = field(default_factory=list)
+
+    @property
+    def step_median_ns(self) -> float:
+        return float(statistics.median(self.step_ns))
+
+
+def time_rank(
+    program: DistProgram, me: int, sources: RankBlocks, steps: int, warmup: int
+) -> RankTiming:
+    """Run rank `me`'s program `warmup + steps` times (a barrier before each) and time its
+    ops; the warm-up steps are dropped."""
+    _, dist = torch_modules()
+    run = RankRun(program, me, dict(sources), _flat_groups(program, me))
+    kept: list[tuple[int, dict[int, tuple[int, int]]]] = []
+    for n in range(warmup + steps):
+        run.blocks, run.pending, run.spans = dict(sources), {}, {}
+        dist.barrier()
+        run.t0 = time.perf_counter_ns()
+        run.run()
+        wall = time.perf_counter_ns() - run.t0
+        if n >= warmup:
+            kept.append((wall, run.spans))
+    return _timing(program, me, kept)
+
+
+def _timing(
+    program: DistProgram, me: int, kept: list[tuple[int, dict[int, tuple[int, int]]]]
+) -> RankTiming:
+    """The median step's spans and every op's median duration over the kept steps."""
+    walls = [w for w, _ in kept]
+    median_step = sorted(range(len(kept)), key=lambda k: walls[k])[len(kept) // 2]
+    names = [op.name for op in program.ops]
+    spans = {names[i]: se for i, se in sorted(kept[median_step][1].items())}
+    durations = {
+        names[i]: max(1, int(statistics.median(s[i][1] - s[i][0] for _, s in kept)))
+        for i in kept[0][1]
+    }
+    return RankTiming(me, spans, durations, walls)
+
+
+class RankRun:
+    """One rank's execution: its blocks, its groups, the collectives still in flight and,
+    per op index, its (start, end) wall clock in ns since `t0`."""
+
+    def __init__(
+        self,
+        program: DistProgram,
+        me: int,
+        blocks: RankBlocks,
+        groups: Mapping[tuple[str, ...], Group],
+        p2p: PointToPoint | None = None,
+    ) -> None:
+        self.program = program
+        self.me = me
+        self.blocks = blocks
+        self.groups = groups
+        self.p2p = p2p
+        self.pending: dict[int, tuple[Any, Finish]] = {}
+        self.t0 = time.perf_counter_ns()
+        self.spans: dict[int, tuple[int, int]] = {}
+        self.issued: dict[int, int] = {}
+
+    def run(self) -> RankBlocks:
+        ops = self.program.ops
+        preds = hz.predecessors(ops)
+        for i, op in enumerate(ops):
+            begin = time.perf_counter_ns()
+            for p in preds[i]:
+                self.complete(p)
+            start = begin if op.kind in hz.SYNC_KINDS else time.perf_counter_ns()
+            self.issue(i, op)
+            if i in self.pending:
+                self.issued[i] = start
+            else:
+                self.spans[i] = (start - self.t0, time.perf_counter_ns() - self.t0)
+        for i in list(self.pending):
+            self.complete(i)
+        return self.blocks
+
+    def complete(self, i: int) -> None:
+        """Wait for async op i (if still in flight) and make its outputs."""
+        got = self.pending.pop(i, None)
+        if got is None:
+            return
+        handle, finish = got
+        if handle is not None:
+            handle.wait()
+        self._store(self.program.ops[i], finish())
+        self.spans[i] = (self.issued.pop(i) - self.t0, time.perf_counter_ns() - self.t0)
+
+    def issue(self, i: int, op: DistOp) -> None:
+        if op.kind in hz.P2P_KINDS:
+            self._p2p(op)
+            return
+        if op.kind in hz.SYNC_KINDS:
+            return
+        if op.comm is None:
+            self._store(op, self.compute(op))
+            return
+        handle, finish = self.communicate(op)
+        if hz.is_async(op):
+            self.pending[i] = (handle, finish)
+            return
+        if handle is not None:
+            handle.wait()
+        self._store(op, finish())
+
+    def _p2p(self, op: DistOp) -> None:
+        """A send starts (the `PointToPoint` completes it); a recv completes here."""
+        if self.p2p is None:
+            raise ExecutionError(
+                f"op {op.name!r}: {op.kind} needs a pipeline's stage-to-stage transfers on "
+                f"backend {BACKEND!r} (runtime.torch_pipeline); this is a flat program run",
+                op=op.name,
+                backend=BACKEND,
+            )
+        if op.kind == hz.SEND:
+            self.p2p.send(op, self.read(op, op.inputs[0]))
+        else:
+            self._store(op, [self.p2p.recv(op)])
+
+    def _store(self, op: DistOp, outs: Sequence[Array]) -> None:
+        if len(outs) != len(op.outputs):
+            raise ExecutionError(
+                f"op {op.name!r} made {len(outs)} outputs, expected {len(op.outputs)}",
+                op=op.name,
+            )
+        for v, x in zip(op.outputs, outs, strict=True):
+            self.blocks[v] = np.asarray(x)
+
+    def read(self, op: DistOp, v: str) -> Array:
+        block = self.blocks.get(v)
+        if block is None:
+            raise ExecutionError(
+                f"op {op.name!r} reads {v!r} on rank {self.me}, which no source or completed "
+                "op has made",
+                op=op.name,
+                value=v,
+                rank=self.me,
+            )
+        return block
+
+    def compute(self, op: DistOp) -> list[Array]:
+        """The op's rule kernel on this rank's blocks; mid-op collectives go to torch."""
+        p = self.program
+        ctx = LocalContext(
+            p.mesh,
+            self.me,
+            tuple(p.types[v] for v in op.inputs),
+            tuple(p.types[v] for v in op.outputs),
+            tuple(p.specs[v] for v in op.inputs),
+            tuple(p.specs[v] for v in op.outputs),
+        )
+        xs = [self.read(op, v) for v in op.inputs]
+        out = KERNELS[op.kernel](op.kind, xs, dict(op.attrs), ctx)
+        if isinstance(out, list):
+            return out
+        reply: Array | None = None
+        while True:
+            try:
+                request = next(out) if reply is None else out.send(reply)
+            except StopIteration as stop:
+                return list(stop.value)
+            reply = self.reduce_request(request)
+
+    def reduce_request(self, req: CollectiveRequest) -> Array:
+        """A kernel's request reduced over its axes (a blocking all_reduce)."""
+        axes = tuple(a for a in self.program.mesh.axis_names if a in req.axes)
+        if not axes:
+            return np.array(req.data, copy=True)
+        handle, finish = all_reduce([req.data], req.op, self.groups[axes])
+        if handle is not None:
+            handle.wait()
+        return finish()[0]
+
+    def communicate(self, op: DistOp) -> tuple[Any, Finish]:
+        """Issue op's comm step on every input (async); its outputs come from the Finish."""
+        step = op.comm
+        assert step is not None
+        if len(op.inputs) != len(op.outputs):
+            raise ExecutionError(f"comm op {op.name!r} needs one output per input", op=op.name)
+        xs = [self.read(op, v) for v in op.inputs]
+        return start_step(xs, step, self.groups[(step.axis,)])
