@@ -54,21 +54,43 @@ def verify_cmd(
         int | None,
         typer.Option(help="Processes to run (--backend torch); must equal the mesh size."),
     ] = None,
+    max_memory_gib: Annotated[
+        float,
+        typer.Option(
+            "--max-memory-gib",
+            help="The most memory a verification may hold (GiB, estimated before it starts).",
+        ),
+    ] = 4.0,
+    twin: Annotated[
+        bool,
+        typer.Option(
+            help="Beyond --max-memory-gib, verify a scaled-down twin of a preset model (the "
+            "same mesh, templates and placements; fewer layers, smaller sizes) instead of "
+            "refusing."
+        ),
+    ] = True,
     as_json: JsonFlag = False,
 ) -> None:
     """Run forward, backward and the optimizer on the mesh (--backend) and on one device; a pp
     mesh axis runs as a pipeline on either backend (--schedule, default 1f1b; --microbatches;
     --virtual-stages)."""
     from shardlab.runtime.backends import check_nproc
-    from shardlab.runtime.verify import verify
+    from shardlab.runtime.twin import verify_safely
 
     try:
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, annotate, recompute)
         strategy = with_pipeline(strategy, schedule, microbatches, virtual_stages)
         check_nproc(nproc, strategy.mesh)
-        report = verify(
-            graph, strategy, optimizer=optimizer, compute_dtype=dtype, seed=seed, backend=backend
+        report = verify_safely(
+            graph,
+            strategy,
+            limit=int(max_memory_gib * (1 << 30)),
+            twin=twin,
+            optimizer=optimizer,
+            compute_dtype=dtype,
+            seed=seed,
+            backend=backend,
         )
     except ShardlabError as exc:
         fail(exc)
@@ -83,6 +105,8 @@ def verify_cmd(
         status = "PASS" if report.ok else "FAIL"
         typer.echo(f"{status}: {report.summary['compared']} tensors compared in {dtype}; "
                    + how_distributed(report.summary, default_schedule))  # fmt: skip
+        if "twin" in report.summary:
+            typer.echo(twin_line(report.summary["twin"]))
         if worst is not None:
             typer.echo(
                 f"largest error: {worst.name} ({worst.kind}) abs {worst.max_abs:.3g} "
@@ -92,6 +116,17 @@ def verify_cmd(
             typer.echo(f"first diverging op: {report.first_divergence}")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def twin_line(twin: dict[str, Any]) -> str:
+    """What the twin changed, and why it ran instead of the model."""
+    changed = ", ".join(f"{k} {a}->{b}" for k, (a, b) in twin["changes"].items())
+    gib = 1 << 30
+    return (
+        f"scaled-down twin verified, not the model itself: the model would hold about "
+        f"{twin['full_estimate_bytes'] / gib:.1f} GiB (limit {twin['limit_bytes'] / gib:.1f} "
+        f"GiB); same mesh, templates and placements, with {changed}"
+    )
 
 
 def with_pipeline(

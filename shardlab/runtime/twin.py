@@ -118,8 +118,8 @@ def check_fits(graph: Graph, strategy: Strategy, dtype: str, limit: int) -> int:
         raise ExecutionError(
             f"a verification of {graph.name!r} ({graph.num_params():,} parameters) on "
             f"{strategy.mesh.size} ranks would hold about {_gib(need)} in {dtype}, over the "
-            f"limit of {_gib(limit)}; verify a scaled-down twin instead (the default, or "
-            "fewer layers and a smaller hidden size)",
+            f"limit of {_gib(limit)}; verify its scaled-down twin, or a smaller shape of the "
+            "model under the same strategy",
             field="model",
             bytes=need,
             limit=limit,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from shardlab.cli import app
 from shardlab.errors import ExecutionError
 from shardlab.ir import ValueKind
 from shardlab.models import build_model
@@ -83,3 +85,18 @@ def test_a_model_that_is_no_transformer_preset_has_no_twin() -> None:
 def test_a_limit_below_the_smallest_twin_is_refused() -> None:
     with pytest.raises(ExecutionError, match="even the smallest twin of 'llama3-8b'"):
         verify_safely(build_model("llama3-8b"), TP_SP, limit=1 << 20)
+
+
+def test_cli_verify_of_a_full_size_model_runs_its_twin_and_says_so() -> None:
+    args = ["verify", "llama3-8b", "--mesh", "dp=2,tp=2", "--template", "dp",
+            "--template", "megatron_tp", "--template", "sequence_parallel"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("PASS")
+    assert "scaled-down twin verified, not the model itself" in result.output
+    assert "limit 4.0 GiB" in result.output and "layers 32->2" in result.output
+    refused = CliRunner().invoke(app, [*args, "--no-twin"])
+    assert refused.exit_code == 1
+    assert "over the limit of 4.00 GiB" in refused.output
+    bigger = CliRunner().invoke(app, [*args, "--max-memory-gib", "0.001"])
+    assert bigger.exit_code == 1 and "even the smallest twin" in bigger.output
