@@ -37,6 +37,7 @@ from backend.routers import (
     team_limits,
     templates,
     verifications,
+    workers,
 )
 from backend.security import install_security
 from backend.settings import Settings
@@ -104,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         checks,
         jobs,
         team_limits,
+        workers,
     ):
         app.include_router(module.router)
 

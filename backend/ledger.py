@@ -14,6 +14,12 @@ of the team served least recently (whose latest claimed job started longest ago,
 its oldest job first, so one team's long queue cannot hold another team's job for more than
 one of its jobs per free worker. A team running its `max_running_jobs` is skipped; creating
 a job beyond a team's `max_queued_jobs` is a 429.
+
+Workers own devices: a job may require some (`requires_device`, `requires_nproc`: a
+torch-backend verification's ranks on CPU or CUDA), and a worker claims only the jobs its
+`Devices` can serve (`backend/devices.can_serve`, here as SQL in `_servable`); a worker that
+names no devices claims only jobs that require none. Queued jobs no worker can serve are
+flagged, then failed, by `backend/workers.sweep_unservable` (`give_up_unservable`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.db import transaction
+from backend.devices import Devices, Requirement
 from backend.errors import ApiError
 from backend.orm import Job, Team, TeamLimits, utcnow
 from backend.settings import Settings
@@ -50,8 +57,10 @@ def enqueue(
     kind: str,
     payload: dict[str, Any],
     deadline_s: float | None = None,
+    requires: Requirement | None = None,
 ) -> Job:
-    """Add a queued job (flushed, not committed: the caller commits it with its resource).
+    """Add a queued job (flushed, not committed: the caller commits it with its resource),
+    claimable only by workers that have what it `requires` (None: any worker).
 
     Its deadline is `deadline_s`, else the team's `job_deadline_s` limit. A team that already
     has its `max_queued_jobs` queued or running gets a 429 `too_many_jobs` instead (on
@@ -66,6 +75,8 @@ def enqueue(
         payload=payload,
         max_attempts=settings.max_attempts,
         deadline_s=limits.job_deadline_s if deadline_s is None else deadline_s,
+        requires_device=None if requires is None else requires.device,
+        requires_nproc=None if requires is None else requires.nproc,
     )
     session.add(job)
     session.flush()
@@ -104,11 +115,33 @@ def _end(job: Job, status: str, message: str, error: dict[str, Any] | None = Non
     job.finished_at = utcnow()
 
 
-def _candidates(session: Session, settings: Settings, full: set[int]) -> Select[Job]:
+def give_up_unservable(job: Job, message: str, after_s: float) -> None:
+    """Fail a queued job no worker could serve for `after_s` seconds (`no_capable_worker`);
+    `message` says what it waited for and which workers were seen."""
+    text = f"no worker could serve it for {after_s:g} s; {message}"
+    detail = {"requires_device": job.requires_device, "requires_nproc": job.requires_nproc,
+              "unservable_after_s": after_s}  # fmt: skip
+    _end(job, "failed", text, {"code": "no_capable_worker", "message": text, "detail": detail})
+
+
+def _servable(devices: Devices | None) -> Any:
+    """SQL: the job's requirement is one `devices` meets (`backend.devices.can_serve`)."""
+    ok: list[Any] = [Job.requires_device.is_(None)]
+    if devices is not None and devices.torch is not None:
+        cpu = and_(Job.requires_device == "cpu", Job.requires_nproc <= devices.max_cpu_ranks)
+        ok.append(cpu)
+        if devices.cuda:
+            ok.append(and_(Job.requires_device == "cuda", Job.requires_nproc <= len(devices.cuda)))
+    return or_(*ok)
+
+
+def _candidates(
+    session: Session, settings: Settings, full: set[int], devices: Devices | None = None
+) -> Select[Job]:
     """The claimable jobs, fairest first: queued or running with a stale heartbeat (its
-    worker died), of teams below their `max_running_jobs` (and not in `full`); the team
-    served least recently first (its latest claim started longest ago, or never), then
-    the team's oldest job."""
+    worker died), that `devices` can serve, of teams below their `max_running_jobs` (and
+    not in `full`); the team served least recently first (its latest claim started longest
+    ago, or never), then the team's oldest job."""
     stale = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
     live = and_(Job.status == "running", Job.heartbeat_at >= stale)
     running = (
@@ -125,6 +158,7 @@ def _candidates(session: Session, settings: Settings, full: set[int]) -> Select[
         .outerjoin(served, served.c.team_id == Job.team_id)
         .outerjoin(TeamLimits, TeamLimits.team_id == Job.team_id)
         .where(or_(Job.status == "queued", lost), func.coalesce(running.c.n, 0) < cap)
+        .where(_servable(devices))
         .order_by(served.c.last.asc().nulls_first(), Job.created_at, Job.id)
         .limit(1)
     )
@@ -148,10 +182,12 @@ def _running_room(session: Session, settings: Settings, team_id: int) -> bool:
     return (live or 0) < team_limits(session, settings, team_id).max_running_jobs
 
 
-def claim(factory: Factory, settings: Settings, worker_id: str) -> Job | None:
+def claim(
+    factory: Factory, settings: Settings, worker_id: str, devices: Devices | None = None
+) -> Job | None:
     """Take the fairest claimable job (`_candidates`: queued, or running with a stale
-    heartbeat; across teams the one served least recently, below its running limit);
-    None when there is none.
+    heartbeat, that `devices` can serve (None: only jobs requiring no devices); across
+    teams the one served least recently, below its running limit); None when there is none.
 
     The claim counts an attempt; a job that has used up `max_attempts` is marked failed
     (`worker_lost`) instead and the next candidate is tried. A dead worker's job whose
@@ -160,7 +196,8 @@ def claim(factory: Factory, settings: Settings, worker_id: str) -> Job | None:
     full: set[int] = set()  # teams found at their running limit by the exact count
     while True:
         with transaction(factory, immediate=True) as session:
-            job: Job | None = session.scalars(_candidates(session, settings, full)).first()
+            found = session.scalars(_candidates(session, settings, full, devices))
+            job: Job | None = found.first()
             if job is None:
                 return None
             if job.status == "running" and job.cancel_requested:
@@ -313,6 +350,9 @@ def ledger_row_json(job: Job) -> dict[str, Any]:
         "deadline_s": job.deadline_s,
         "cancel_requested": job.cancel_requested,
         "worker_id": job.worker_id,
+        "requires": None
+        if job.requires_device is None
+        else {"device": job.requires_device, "nproc": job.requires_nproc},
         "created_at": iso(job.created_at),
         "started_at": iso(job.started_at),
         "heartbeat_at": iso(job.heartbeat_at),

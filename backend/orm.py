@@ -161,6 +161,22 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: what the job needs of its worker (`backend/devices.py`): `nproc` ranks on "cpu" or
+    #: "cuda" (torch-backend verifications); None: any worker
+    requires_device: Mapped[str | None] = mapped_column(String(10), default=None)
+    requires_nproc: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+class WorkerRow(Base):
+    """A worker as it last registered (`backend/workers.py`): its devices (`Devices.to_json`)
+    and when it was last seen; live while seen within the heartbeat timeout."""
+
+    __tablename__ = "workers"
+    id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    devices: Mapped[dict[str, Any]] = mapped_column(JSON)
+    engine: Mapped[str] = mapped_column(String(20), default="local")
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
 class Plan(Base):

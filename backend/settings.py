@@ -25,6 +25,9 @@ class Settings:
     max_attempts: int = 3
     #: default wall-clock limit of a job (a team's `job_deadline_s` limit overrides it)
     job_deadline_s: float = 900.0
+    #: a queued job that needs devices (`backend/devices.py`) and that no worker seen in this
+    #: many seconds can serve, after waiting as long, fails `no_capable_worker`
+    unservable_after_s: float = 300.0
     #: per-team defaults (`backend/tenancy.py`; an admin sets a team's own in `team_limits`):
     #: jobs of a team running at once (workers skip the team's queued jobs beyond it)
     team_max_running_jobs: int = 2
@@ -64,6 +67,7 @@ class Settings:
             "heartbeat_interval_s",
             "max_attempts",
             "job_deadline_s",
+            "unservable_after_s",
             "team_max_running_jobs",
             "team_max_queued_jobs",
             "team_requests_per_minute",

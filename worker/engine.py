@@ -9,7 +9,7 @@ Every function takes the job's inputs as plain JSON-able data (see `worker.input
   `trace` (Chrome trace JSON), `timelines` (per stage: the simulated step of every
   representative rank, see `timelines_json`) and `memory` (per stage: the memory profile,
   see `memory_json`).
-- `run_verify`: `{"report": {...}}` (VerifyReport as JSON).
+- `run_verify`: `{"report": {...}}` (VerifyReport as JSON), on the inputs' `backend`.
 - `run_compare`: `{"comparison": Comparison.to_json()}`.
 - `run_search`: `{"search": SearchResult.to_json()}`.
 """
@@ -268,12 +268,15 @@ def run_plan(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
 
 def run_verify(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """One training step of the plan on the simulated mesh against one device."""
+    """One training step of the plan distributed against one device: on the simulated mesh,
+    or (`backend: torch`) on one process per rank that `verify` spawns itself."""
     from shardlab.runtime.verify import verify
 
+    backend = str(inputs.get("backend") or "simulated")
     plan = build({**inputs, "cluster": None}, progress, (0.0, 0.3))
-    progress(0.3, "verify (reference and simulated step)")
-    report = verify(plan, compute_dtype=inputs.get("compute_dtype", "float64"))
+    where = "simulated step" if backend == "simulated" else f"{plan.strategy.mesh.size} torch ranks"
+    progress(0.3, f"verify (reference and {where})")
+    report = verify(plan, compute_dtype=inputs.get("compute_dtype", "float64"), backend=backend)
     return {"report": report.to_json()}
 
 

@@ -6,7 +6,8 @@ spec resolved when they were created (or None). Inputs handed to the engine are 
 
     plan:    {"graph": graph JSON, "strategy": {mesh, templates, annotations, options},
               "cluster": cluster JSON | None, "label": str}
-    verify:  the plan inputs + {"compute_dtype"}
+    verify:  the plan inputs + {"compute_dtype", "backend", "nproc", "device"} (where it
+             runs: `backend/verifying.py`; simulated unless the payload says otherwise)
     compare: {"a": plan inputs, "b": plan inputs}
     search:  {"preset", "overrides", "cluster": cluster JSON, "gpus", "global_batch",
               "memory_headroom", "max_tp", "min_dp", "cross_node_tp"}
@@ -69,7 +70,9 @@ def load_inputs(session: Session, job: Job) -> dict[str, Any]:
             session, Verification, payload.get("verification_id"), "verification"
         )
         plan = _get(session, Plan, ver.plan_id, "plan")
-        return {**plan_inputs(session, plan), "compute_dtype": ver.compute_dtype}
+        run = {k: payload.get(k) for k in ("backend", "nproc", "device")}
+        return {**plan_inputs(session, plan), "compute_dtype": ver.compute_dtype,
+                **run, "backend": run["backend"] or "simulated"}  # fmt: skip
     if job.kind == "compare":
         comp: Comparison = _get(session, Comparison, payload.get("comparison_id"), "comparison")
         a = _get(session, Plan, comp.plan_a_id, "plan")

@@ -11,6 +11,13 @@ or when the job was taken over by another worker (nothing written), and on shutd
 the job back to the queue. The child's address space is capped at the team's
 `job_memory_bytes` (`backend/tenancy.py`, read when the job is claimed): running out of it,
 or being killed by a signal before answering, fails the job with `out_of_memory`.
+
+Workers own devices (`worker/devices.py`): a worker logs and registers its `Devices` when it
+starts (`backend/workers.py`, refreshed every `heartbeat_interval_s` with a sweep of the
+queued jobs no worker can serve), and claims only the jobs it can serve
+(`backend/devices.can_serve`). With `engine="ray"` a job that requires devices runs as a Ray
+task in a placement group of its ranks (`worker/ray_engine.py`); every other job, and every
+job of the default `local` engine, runs in a child process here.
 """
 
 from __future__ import annotations
@@ -28,13 +35,15 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
-from backend import ledger
+from backend import ledger, workers
 from backend.db import make_engine, session_factory
+from backend.devices import Devices
 from backend.orm import Job
 from backend.settings import Settings
 from backend.tenancy import team_limits
 from shardlab.errors import ShardlabError
 from worker.child import out_of_memory, start_child, stop_child
+from worker.devices import discover
 from worker.jobs import load_inputs, outcome
 
 log = logging.getLogger("shardlab.worker")
@@ -68,22 +77,104 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class Worker:
-    """One worker: claims jobs from the ledger at `settings.database_url`."""
+#: the engines a worker runs device jobs on
+ENGINES = ("local", "ray")
 
-    def __init__(self, settings: Settings, worker_id: str | None = None, poll_s: float = 0.5):
+
+class _LocalRun:
+    """A job's engine child process, watched by `Worker._supervise`."""
+
+    def __init__(self, proc: SpawnProcess, channel: Queue[Any], memory: int) -> None:
+        self.proc, self.channel, self.memory = proc, channel, memory
+
+    def poll(self, stopping: bool) -> tuple[Any, ...] | None:
+        """The child's next message, or its death as an error; None when it has none yet. A
+        child killed by a signal before answering (the kernel's OOM killer, an abort on a
+        failed allocation under its `memory` cap) ran out of memory."""
+        proc = self.proc
+        try:
+            msg: tuple[Any, ...] = self.channel.get(timeout=0.05 if proc.is_alive() else 1.0)
+            return msg
+        except queues.Empty:
+            if proc.is_alive() or stopping:
+                return None
+        code = proc.exitcode
+        if code is not None and code < 0:
+            return "error", out_of_memory(self.memory, f"killed by signal {-code}")
+        return "error", {
+            "code": "engine_crashed",
+            "message": f"the engine process exited with code {code} before answering "
+            "(out of memory?)",
+            "detail": {"exitcode": code},
+        }
+
+    def stop(self) -> None:
+        stop_child(self.proc, self.channel)
+
+
+class Worker:
+    """One worker: claims the jobs its `devices` can serve from the ledger at
+    `settings.database_url` and runs them on its `engine` (`ENGINES`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        worker_id: str | None = None,
+        poll_s: float = 0.5,
+        devices: Devices | None = None,
+        engine: str = "local",
+        ray_address: str | None = None,
+    ):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; available: {', '.join(ENGINES)}")
         self.settings, self.poll_s = settings, poll_s
         self.worker_id = worker_id or default_worker_id()
         self.engine = make_engine(settings.database_url)
         self.factory = session_factory(self.engine)
         self._stop = threading.Event()
+        self.ray: Any = None
+        if engine == "ray":
+            from worker.ray_engine import RayEngine
+
+            self.ray = RayEngine(ray_address)
+        self.engine_name = engine
+        self.devices = devices or (self.ray.devices() if self.ray else discover())
+        self._tended: float | None = None
 
     def stop(self) -> None:
         """Finish the loop: the running job (if any) is given back to the queue."""
         self._stop.set()
 
     def close(self) -> None:
+        """Leave the registry and let go of the database (and of Ray)."""
+        try:
+            workers.forget(self.factory, self.worker_id)
+        except OperationalError as exc:
+            log.warning("could not unregister worker %s: %s", self.worker_id, exc)
+        if self.ray is not None:
+            self.ray.close()
         self.engine.dispose()
+
+    def announce(self) -> None:
+        """Log and register this worker's devices (done by the first `run_one` too)."""
+        log.info("worker %s (%s engine): %s", self.worker_id, self.engine_name,
+                 self.devices.describe())  # fmt: skip
+        workers.register(self.factory, self.worker_id, self.devices, self.engine_name)
+        self._tended = time.monotonic()
+
+    def tend(self) -> None:
+        """Every `heartbeat_interval_s`: say this worker is alive, and flag or fail the
+        queued jobs no worker can serve (`backend.workers.sweep_unservable`)."""
+        now = time.monotonic()
+        if self._tended is None:
+            self.announce()
+        elif now - self._tended < self.settings.heartbeat_interval_s:
+            return
+        else:
+            self._tended = now
+            workers.touch(self.factory, self.worker_id, self.devices, self.engine_name)
+        for job_id in workers.sweep_unservable(self.factory, self.settings):
+            log.info("job %s: failed, no worker can serve it", job_id)
 
     def run(self, once: bool = False) -> None:
         """Process jobs until `stop()`; with `once`, at most one job."""
@@ -100,7 +191,8 @@ class Worker:
 
     def run_one(self) -> Job | None:
         """Claim and process one job; returns it as claimed (None when the queue is empty)."""
-        job = ledger.claim(self.factory, self.settings, self.worker_id)
+        self.tend()
+        job = ledger.claim(self.factory, self.settings, self.worker_id, self.devices)
         if job is None:
             return None
         try:
@@ -110,12 +202,23 @@ class Worker:
         except ShardlabError as exc:
             ledger.fail(self.factory, job.id, self.worker_id, exc.to_dict())
             return job
-        proc, channel = start_child(job.kind, inputs, memory)
-        log.info("job %s (%s) attempt %s: engine pid %s", job.id, job.kind, job.attempts, proc.pid)
+        run: Any
+        if self.ray is not None and job.requires_device is not None:
+            need = workers.requirement_of(job)
+            assert need is not None
+            run = self.ray.start(job.kind, inputs, need)
+            log.info("job %s (%s) attempt %s: ray task, %s", job.id, job.kind, job.attempts,
+                     need.describe())  # fmt: skip
+        else:
+            spawns = inputs.get("backend") == "torch"
+            proc, channel = start_child(job.kind, inputs, memory, spawns)
+            run = _LocalRun(proc, channel, memory)
+            log.info("job %s (%s) attempt %s: engine pid %s", job.id, job.kind, job.attempts,
+                     proc.pid)  # fmt: skip
         try:
-            state, data = self._supervise(job, proc, channel, memory)
+            state, data = self._supervise(job, run)
         finally:
-            stop_child(proc, channel)
+            run.stop()
         self._record(job, state, data)
         return job
 
@@ -146,29 +249,13 @@ class Worker:
         elif state == "shutdown":
             ledger.release(factory, job.id, wid)
 
-    def _supervise(
-        self, job: Job, proc: SpawnProcess, channel: Queue[Any], memory: int
-    ) -> tuple[str, Any]:
-        """Watch the child until it answers or must be stopped: (state, data). A child
-        killed by a signal before answering (the kernel's OOM killer, an abort on a failed
-        allocation under its `memory` cap) ran out of memory."""
+    def _supervise(self, job: Job, run: Any) -> tuple[str, Any]:
+        """Watch the job's run (`_LocalRun`, `ray_engine.RayRun`) until it answers or must
+        be stopped: (state, data)."""
         start = last_beat = last_write = time.monotonic()
         progress, message, written = 0.0, "starting", True
         while True:
-            try:
-                msg = channel.get(timeout=0.05 if proc.is_alive() else 1.0)
-            except queues.Empty:
-                msg = None
-                if not proc.is_alive() and not self._stop.is_set():
-                    code = proc.exitcode
-                    if code is not None and code < 0:
-                        return "error", out_of_memory(memory, f"killed by signal {-code}")
-                    return "error", {
-                        "code": "engine_crashed",
-                        "message": f"the engine process exited with code {code} before "
-                        "answering (out of memory?)",
-                        "detail": {"exitcode": code},
-                    }
+            msg = run.poll(self._stop.is_set())
             if msg is not None and msg[0] == "progress":
                 progress, message, written = float(msg[1]), str(msg[2]), False
             elif msg is not None:
@@ -184,3 +271,4 @@ class Worker:
                     return "stopped", None
                 last_beat = last_write = now
                 written = True
+                self.tend()

@@ -50,9 +50,10 @@ from backend.routers.models import (
 from backend.routers.plans import built_plan, job_fields, job_of, owned
 from backend.routers.strategies import add_strategy_version
 from backend.schemas.common import PathId, errors
-from backend.schemas.jobs import CheckCreate, CheckCreated, CheckOut
+from backend.schemas.jobs import CheckCreate, CheckCreated, CheckOut, VerifyOn
 from backend.schemas.resources import StrategyUpdate
 from backend.settings import Settings
+from backend.verifying import queue_verification, run_on
 from shardlab.check import Budgets, CheckError, Verdict, check_verifiable, figures, judge
 from shardlab.errors import ShardlabError
 from shardlab.graph_json import graph_from_json
@@ -93,7 +94,9 @@ def create_check(
     check = Check(team_id=team, plan_id=plan.id, baseline_plan_id=baseline_plan_id,
                   budgets=body.budgets.model_dump())  # fmt: skip
     if body.budgets.verify:
-        check.verification_id = _queue_verification(session, settings, model, strategy, plan)
+        check.verification_id = _queue_verification(
+            session, settings, model, strategy, plan, body.verify_on or VerifyOn()
+        )
     session.add(check)
     commit_or_conflict(session, "a concurrent request stored the same model or strategy; "
                        "retry the check")  # fmt: skip
@@ -201,6 +204,9 @@ def _check_budgets(session: Session, team: int, body: CheckCreate) -> None:
     if body.baseline_plan_id is not None and body.baseline is not None:
         raise ApiError(422, "invalid_check", "baseline: give baseline_plan_id or baseline (a "
                        "name), not both", field="baseline")  # fmt: skip
+    if body.verify_on is not None and not body.budgets.verify:
+        raise ApiError(422, "invalid_check", "verify_on: says where the verification runs, "
+                       "but budgets.verify is false", field="verify_on")  # fmt: skip
     if body.baseline_plan_id is not None:
         _costed_baseline(session, team, body.baseline_plan_id, "baseline_plan_id")
 
@@ -246,19 +252,23 @@ def _baseline_plan(session: Session, team: int, body: CheckCreate, model: Model)
 
 
 def _queue_verification(
-    session: Session, settings: Settings, model: Model, strategy: Strategy, plan: Plan
+    session: Session,
+    settings: Settings,
+    model: Model,
+    strategy: Strategy,
+    plan: Plan,
+    verify_on: VerifyOn,
 ) -> int:
-    """Queue the verification `budgets.verify` reads (422 naming `verify` for a model too
-    large to verify); its job builds the plan itself, so it need not wait for the plan's."""
-    ranks = engine_strategy(strategy.mesh, strategy.templates, strategy.annotations,
-                            strategy.options).mesh.size  # fmt: skip
+    """Queue the verification `budgets.verify` reads, where `verify_on` says (422 naming
+    `verify` for a model too large to verify, `verify_on.<field>` for a run that cannot be:
+    `backend/verifying.py`); its job builds the plan itself, so it need not wait for the
+    plan's."""
+    engine = engine_strategy(strategy.mesh, strategy.templates, strategy.annotations,
+                             strategy.options)  # fmt: skip
     with _about("budgets"):
-        check_verifiable(int(model.summary.get("params", 0)), ranks)
-    job = ledger.enqueue(session, settings, plan.team_id, "verify", {})
-    verification = Verification(team_id=plan.team_id, plan_id=plan.id, job_id=job.id)
-    session.add(verification)
-    session.flush()
-    job.payload = {"verification_id": verification.id}
+        check_verifiable(int(model.summary.get("params", 0)), engine.mesh.size)
+    run = run_on(engine, verify_on, prefix="verify_on.")
+    verification = queue_verification(session, settings, plan.team_id, plan.id, "float64", run)
     return verification.id
 
 

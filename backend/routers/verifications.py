@@ -1,4 +1,7 @@
-"""Verifications: queue a run of `shardlab.verify` on a plan (202), then read its report."""
+"""Verifications: queue a run of `shardlab.verify` on a plan (202), then read its report.
+
+Where it runs (simulated, or real torch ranks on a worker with the devices) is checked and
+queued by `backend/verifying.py`."""
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from backend.planning import engine_strategy
 from backend.routers.plans import job_fields, job_of, owned
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, VerificationCreate, VerificationOut
+from backend.verifying import queue_verification, run_on
 from shardlab.check import check_verifiable
+from shardlab.strategy import Strategy as EngineStrategy
 
 router = APIRouter(prefix="/api/verifications", tags=["verifications"])
 
@@ -26,6 +31,9 @@ def _out(session: Session, ver: Verification) -> dict[str, Any]:
         "id": ver.id,
         "plan_id": ver.plan_id,
         "compute_dtype": ver.compute_dtype,
+        "backend": job.payload.get("backend", "simulated"),
+        "nproc": job.payload.get("nproc"),
+        "device": job.payload.get("device"),
         "job_id": ver.job_id,
         **job_fields(job),
         "report": ver.report if job.status == "succeeded" else None,
@@ -37,31 +45,33 @@ def _out(session: Session, ver: Verification) -> dict[str, Any]:
 def create_verification(
     body: VerificationCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    """Queue one training step of the plan on the simulated mesh against one device; 422
-    naming `plan_id` for a model too large to verify here (`shardlab.check.check_verifiable`:
-    a full-size model's run would take gigabytes of memory and minutes), storing nothing."""
+    """Queue one training step of the plan, distributed (on the simulated mesh, or with
+    `backend: torch` on real ranks: `nproc` processes on `device`, claimed only by a worker
+    with the devices), against one device. 422, storing nothing, naming `plan_id` for a
+    model too large to verify here (`shardlab.check.check_verifiable`: a full-size model's
+    run would take gigabytes of memory and minutes), or `nproc`, `device` or `backend` for
+    a run that cannot be (`backend/verifying.py`)."""
     team = principal.team_id
     plan: Plan = owned(session, Plan, team, body.plan_id, "plan")
-    _check_verifiable(session, plan, body.compute_dtype)
-    job = ledger.enqueue(session, settings, team, "verify", {})
-    ver = Verification(
-        team_id=team, plan_id=body.plan_id, job_id=job.id, compute_dtype=body.compute_dtype
-    )
-    session.add(ver)
-    session.flush()
-    job.payload = {"verification_id": ver.id}
+    strategy = _check_verifiable(session, plan, body.compute_dtype)
+    run = run_on(strategy, body)
+    ver = queue_verification(session, settings, team, body.plan_id, body.compute_dtype, run)
     session.commit()
+    job = job_of(session, ver.job_id)
     return {"id": ver.id, "job_id": job.id, "status": job.status}
 
 
-def _check_verifiable(session: Session, plan: Plan, dtype: str) -> None:
-    """Refuse a plan whose verification would hold more than the limit, at once."""
+def _check_verifiable(session: Session, plan: Plan, dtype: str) -> EngineStrategy:
+    """Refuse a plan whose verification would hold more than the limit, at once; the
+    plan's engine strategy."""
     model = session.get(Model, plan.model_id, options=[defer(Model.graph_blob)])
     strategy = session.get(Strategy, plan.strategy_id)
     assert model is not None and strategy is not None  # a plan keeps its model and strategy
-    ranks = engine_strategy(strategy.mesh, strategy.templates, strategy.annotations,
-                            strategy.options).mesh.size  # fmt: skip
-    check_verifiable(int(model.summary.get("params", 0)), ranks, dtype=dtype, field="plan_id")
+    engine = engine_strategy(strategy.mesh, strategy.templates, strategy.annotations,
+                             strategy.options)  # fmt: skip
+    check_verifiable(int(model.summary.get("params", 0)), engine.mesh.size, dtype=dtype,
+                     field="plan_id")  # fmt: skip
+    return engine
 
 
 @router.get("", response_model=list[VerificationOut], responses=errors(401, 422))

@@ -31,6 +31,9 @@ class JobOut(BaseModel):
     deadline_s: float = Field(description="Wall-clock limit of one attempt.")
     cancel_requested: bool
     worker_id: str | None
+    requires: dict[str, Any] | None = Field(
+        None, description="{device, nproc} a worker must have to claim it; None: any worker."
+    )
     created_at: str | None
     started_at: str | None
     heartbeat_at: str | None
@@ -90,8 +93,24 @@ class PlanOut(BaseModel):
     created_at: str | None
 
 
-class VerificationCreate(_Request):
-    """Verify a plan: one training step on the simulated mesh against one device."""
+class VerifyOn(_Request):
+    """Where a verification's distributed side runs: the simulated mesh (every rank in one
+    process), or real ranks (`torch`: one process per rank, torch.distributed), which only a
+    worker with the devices claims (`backend/devices.py`)."""
+
+    backend: Literal["simulated", "torch"] = Field(
+        default="simulated", description="simulated (any worker) or torch (real ranks)."
+    )
+    nproc: int | None = Field(
+        default=None, ge=1, le=4096, description="torch: ranks, the plan's mesh size (the default)."
+    )
+    device: Literal["cpu", "cuda"] | None = Field(
+        default=None, description="torch: where the ranks run (default cpu, gloo)."
+    )
+
+
+class VerificationCreate(VerifyOn):
+    """Verify a plan: one training step distributed against one device."""
 
     plan_id: RowId
     compute_dtype: Literal["float64", "float32"] = "float64"
@@ -103,6 +122,9 @@ class VerificationOut(BaseModel):
     id: int
     plan_id: RowId
     compute_dtype: str
+    backend: str = Field("simulated", description="simulated | torch")
+    nproc: int | None = Field(None, description="torch: ranks.")
+    device: str | None = Field(None, description="torch: cpu | cuda.")
     job_id: int
     status: JobStatus
     progress: float
@@ -252,6 +274,10 @@ class CheckCreate(_Request):
         "neither, max_regression_pct compares with the baseline of the model on the cluster.",
     )
     budgets: CheckBudgets = Field(default_factory=lambda: CheckBudgets())
+    verify_on: VerifyOn | None = Field(
+        None,
+        description="With budgets.verify: where the verification runs (default: simulated).",
+    )
 
 
 class CheckCreated(Created):

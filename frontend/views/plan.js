@@ -1,5 +1,6 @@
 // One plan's overview: job state (live), headline cost, collectives and why each exists,
-// fallback ops, ops per role, verification against one device, the Chrome trace.
+// fallback ops, ops per role, verification against one device (simulated, or "Run for real"
+// on torch ranks when a live worker has them), the Chrome trace.
 import { api, followJob } from "../api.js";
 import { errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, toast } from "../ui.js";
 import { pipelineSection } from "./plan_pipeline.js";
@@ -66,30 +67,61 @@ async function collectiveList(planId, ctx) {
   return h("section", { class: "split" }, h("div", {}, list), detail);
 }
 
-function verifySection(planId) {
+/** Ranks of a mesh written "dp=2,tp=4" (8). */
+function meshSize(mesh) {
+  return String(mesh ?? "").split(",").reduce((n, part) => n * (Number(part.split("=")[1]) || 1), 1);
+}
+
+/** Where a torch-backend run of `ranks` ranks could go: "cuda" when a live worker has that
+ * many CUDA devices, else "cpu" when one has torch and room for them, else null
+ * (`backend/devices.py`'s rule). */
+function realDevice(workers, ranks) {
+  const torch = workers.filter((w) => w.devices.torch);
+  if (torch.some((w) => w.devices.cuda.length >= ranks)) return "cuda";
+  if (torch.some((w) => w.devices.max_cpu_ranks >= ranks)) return "cpu";
+  return null;
+}
+
+/** Verification: on the simulated mesh, and ("Run for real") on real torch ranks when a
+ * live worker can serve them (GET /api/workers). */
+function verifySection(planId, summary, workers) {
   const out = h("div", { "aria-live": "polite" });
-  const button = h("button", { type: "button" }, "Verify against one device");
-  button.addEventListener("click", async () => {
-    button.disabled = true;
+  const ranks = meshSize(summary.mesh);
+  const device = summary.pipeline ? null : realDevice(workers, ranks);
+  const buttons = [h("button", { type: "button" }, "Verify against one device")];
+  if (device) buttons.push(h("button", { type: "button", class: "secondary",
+    title: `one training step on ${ranks} torch ranks (${device}) on a worker that has them` },
+  "Run for real"));
+  async function run(body, where) {
+    buttons.forEach((b) => { b.disabled = true; });
     try {
-      const created = await api("/api/verifications", { method: "POST", body: { plan_id: planId } });
+      const created = await api("/api/verifications",
+        { method: "POST", body: { plan_id: planId, ...body } });
       const bar = h("progress", { max: 1, value: 0, "aria-label": "verification progress" });
-      out.replaceChildren(bar);
-      await followJob(created.job_id, (job) => { bar.value = job.progress; });
+      const note = h("span", { class: "muted" }, "");
+      out.replaceChildren(bar, " ", note);
+      await followJob(created.job_id, (job) => {
+        bar.value = job.progress; note.textContent = job.message;
+      });
       const v = await api(`/api/verifications/${created.id}`);
       const r = v.report;
       out.replaceChildren(r
         ? h("p", { class: r.ok ? "status-succeeded" : "status-failed" },
-          r.ok ? `numerics match: ${r.checks.length} tensors checked (${r.compute_dtype})`
-            : `MISMATCH: ${r.failed} tensors differ; first divergence at ${r.first_divergence}`)
+          r.ok ? `numerics match${where}: ${r.checks.length} tensors checked (${r.compute_dtype})`
+            : `MISMATCH${where}: ${r.failed} tensors differ; first divergence at ${r.first_divergence}`)
         : errorBox(new Error(v.error?.message ?? `verification ${v.status}`)));
     } catch (err) {
       out.replaceChildren(errorBox(err));
     } finally {
-      button.disabled = false;
+      buttons.forEach((b) => { b.disabled = false; });
     }
-  });
-  return h("section", {}, h("h2", {}, "Verification"), button, out);
+  }
+  buttons[0].addEventListener("click", () => run({}, ""));
+  if (device) {
+    buttons[1].addEventListener("click", () => run({ backend: "torch", nproc: ranks, device },
+      ` on ${ranks} torch ranks (${device})`));
+  }
+  return h("section", {}, h("h2", {}, "Verification"), ...buttons, out);
 }
 
 /** The plan against the baseline of its model and cluster (figures and change), and the
@@ -164,5 +196,6 @@ export async function render(root, ctx) {
     ? h("ul", { "aria-label": "fallback ops" }, s.fallback_ops.map((op) =>
       h("li", {}, typeof op === "string" ? op : JSON.stringify(op))))
     : h("p", { class: "muted" }, "None: every op has an SPMD rule."));
-  root.append(verifySection(planId));
+  const workers = await api("/api/workers").catch(() => []);
+  root.append(verifySection(planId, s, workers));
 }

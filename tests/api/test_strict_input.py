@@ -37,6 +37,7 @@ from backend.schemas.jobs import (
     PlanCreate,
     SearchCreate,
     VerificationCreate,
+    VerifyOn,
 )
 from backend.schemas.resources import ClusterCreate, ModelCreate, StrategyCreate, StrategyUpdate
 from backend.schemas.reviews import Anchor, BaselineCreate, CommentCreate, DecisionCreate
@@ -299,6 +300,8 @@ STORED: dict[tuple[type[BaseModel], str], str] = {
     (CheckCreate, "cluster"): "plans.cluster",
     (SearchCreate, "cluster"): "searches.cluster",
     (VerificationCreate, "compute_dtype"): "verifications.compute_dtype",
+    (VerificationCreate, "device"): "jobs.requires_device",
+    (VerifyOn, "device"): "jobs.requires_device",
     (BaselineCreate, "name"): "baselines.name",
     (CheckCreate, "baseline"): "baselines.name",
     (TokenCreate, "name"): "api_tokens.name",
@@ -312,6 +315,8 @@ ELSEWHERE: dict[tuple[type[BaseModel], str], str] = {
     (DecisionCreate, "decision"): "review_requests.state, as approved or changes_requested",
     (CommentCreate, "body"): "review_comments.body (Text)",
     (DecisionCreate, "body"): "review_comments.body (Text)",
+    (VerificationCreate, "backend"): "jobs.payload (JSON)",
+    (VerifyOn, "backend"): "jobs.payload (JSON)",
 }
 #: Query parameters stored in a String column (the others only filter).
 STORED_PARAMS = {("/api/models/upload", "name"): "models.name"}
@@ -321,7 +326,7 @@ DERIVED = {
     "login_links.link_hash", "models.source", "jobs.kind", "jobs.status", "jobs.worker_id",
     "plans.review_state", "artifacts.owner", "artifacts.kind", "review_requests.state",
     "review_events.kind", "baselines.cluster", "idempotency_keys.route",
-    "idempotency_keys.request_hash",
+    "idempotency_keys.request_hash", "workers.id", "workers.engine",
     # the Idempotency-Key header, at most as long as the column (backend.idempotency)
     "idempotency_keys.key",
 }  # fmt: skip

@@ -15,7 +15,7 @@ from typing import Any
 from backend.orm import Job
 from tests.worker.conftest import settings_for
 from worker.child import out_of_memory
-from worker.main import Worker
+from worker.main import Worker, _LocalRun
 
 GIB = 1024**3
 
@@ -48,7 +48,8 @@ def test_a_child_killed_by_a_signal_ran_out_of_memory(sqlite_url: str, tmp_path:
     proc = ctx.Process(target=signal.raise_signal, args=(signal.SIGKILL,))
     proc.start()
     try:
-        state, error = worker._supervise(Job(id=1, deadline_s=60.0), proc, channel, 2 * GIB)
+        run = _LocalRun(proc, channel, 2 * GIB)
+        state, error = worker._supervise(Job(id=1, deadline_s=60.0), run)
     finally:
         proc.join(10)
         worker.close()

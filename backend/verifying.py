@@ -1,0 +1,78 @@
+"""Queueing a verification: where it runs, checked against the plan's mesh, and its job.
+
+`POST /api/verifications` and checks with `budgets.verify` (`routers/checks.py`) share it.
+A verification runs on the simulated mesh (any worker) or on real ranks (`backend: torch`,
+one process per rank), which needs `nproc` equal to the plan's mesh size (the default), a
+mesh without a pipeline axis (the torch backend does not run pipelines yet), and a worker
+with the devices (`device`: cpu, the default, or cuda; `backend/devices.py`): the job row
+holds that requirement, so only such a worker claims it. A mistake is a 422
+`invalid_verification` naming the field, before anything is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from backend import ledger
+from backend.devices import RunOn
+from backend.errors import ApiError
+from backend.orm import Verification
+from backend.schemas.jobs import VerifyOn
+from backend.settings import Settings
+from shardlab.strategy import Strategy
+
+#: the mesh axis that pipelines (`shardlab.runtime.verify.PIPELINE_AXIS`)
+PIPELINE_AXIS = "pp"
+
+
+def _refuse(field: str, message: str, **detail: Any) -> ApiError:
+    return ApiError(422, "invalid_verification", f"{field}: {message}", field=field, **detail)
+
+
+def run_on(strategy: Strategy, asked: VerifyOn, prefix: str = "") -> RunOn:
+    """Where the verification of a plan under `strategy` runs, as `asked`; a 422 naming the
+    field (`prefix` + `nproc`, `device`, `backend`) when it cannot run so."""
+    size = strategy.mesh.size
+    if asked.backend == "simulated":
+        if asked.nproc is not None:
+            raise _refuse(prefix + "nproc", "only backend 'torch' runs one process per rank; "
+                          "the simulated backend runs every rank in one process",
+                          nproc=asked.nproc)  # fmt: skip
+        if asked.device is not None:
+            raise _refuse(prefix + "device", f"device {asked.device!r} needs backend 'torch' "
+                          "(the simulated backend runs numpy on the CPU)",
+                          device=asked.device)  # fmt: skip
+        return RunOn()
+    if PIPELINE_AXIS in strategy.mesh.axis_names:
+        raise _refuse(prefix + "backend", f"the plan's mesh {strategy.mesh} pipelines (axis "
+                      f"{PIPELINE_AXIS!r}); pipelines verify on the simulated backend only",
+                      backend=asked.backend)  # fmt: skip
+    nproc = size if asked.nproc is None else asked.nproc
+    if nproc != size:
+        raise _refuse(prefix + "nproc", f"{nproc} processes asked for, but the plan's mesh "
+                      f"{strategy.mesh} has {size} ranks and runs one process per rank",
+                      nproc=nproc, mesh_size=size)  # fmt: skip
+    return RunOn("torch", nproc, asked.device or "cpu")
+
+
+def queue_verification(
+    session: Session,
+    settings: Settings,
+    team: int,
+    plan_id: int,
+    compute_dtype: str,
+    run: RunOn,
+) -> Verification:
+    """Add the verification and its job (flushed, not committed); the job's payload says
+    where it runs, its row what it requires of a worker."""
+    job = ledger.enqueue(session, settings, team, "verify", {}, requires=run.requirement)
+    ver = Verification(team_id=team, plan_id=plan_id, job_id=job.id, compute_dtype=compute_dtype)
+    session.add(ver)
+    session.flush()
+    payload = {"verification_id": ver.id}
+    if run.backend != "simulated":
+        payload.update(run.to_json())
+    job.payload = payload
+    return ver
