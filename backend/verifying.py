@@ -2,9 +2,8 @@
 
 `POST /api/verifications` and checks with `budgets.verify` (`routers/checks.py`) share it.
 A verification runs on the simulated mesh (any worker) or on real ranks (`backend: torch`,
-one process per rank), which needs `nproc` equal to the plan's mesh size (the default), a
-mesh without a pipeline axis (the torch backend does not run pipelines yet), and a worker
-with the devices (`device`: cpu, the default, or cuda; `backend/devices.py`): the job row
+one process per rank), which needs `nproc` equal to the plan's mesh size (the default) and a
+worker with the devices (`device`: cpu, the default, or cuda; `backend/devices.py`): the job row
 holds that requirement, so only such a worker claims it. A mistake is a 422
 `invalid_verification` naming the field, before anything is stored.
 """
@@ -22,9 +21,6 @@ from backend.orm import Verification
 from backend.schemas.jobs import VerifyOn
 from backend.settings import Settings
 from shardlab.strategy import Strategy
-
-#: the mesh axis that pipelines (`shardlab.runtime.verify.PIPELINE_AXIS`)
-PIPELINE_AXIS = "pp"
 
 
 def _refuse(field: str, message: str, **detail: Any) -> ApiError:
@@ -45,10 +41,6 @@ def run_on(strategy: Strategy, asked: VerifyOn, prefix: str = "") -> RunOn:
                           "(the simulated backend runs numpy on the CPU)",
                           device=asked.device)  # fmt: skip
         return RunOn()
-    if PIPELINE_AXIS in strategy.mesh.axis_names:
-        raise _refuse(prefix + "backend", f"the plan's mesh {strategy.mesh} pipelines (axis "
-                      f"{PIPELINE_AXIS!r}); pipelines verify on the simulated backend only",
-                      backend=asked.backend)  # fmt: skip
     nproc = size if asked.nproc is None else asked.nproc
     if nproc != size:
         raise _refuse(prefix + "nproc", f"{nproc} processes asked for, but the plan's mesh "
@@ -64,9 +56,12 @@ def queue_verification(
     plan_id: int,
     compute_dtype: str,
     run: RunOn,
+    *,
+    twin: bool = True,
 ) -> Verification:
     """Add the verification and its job (flushed, not committed); the job's payload says
-    where it runs, its row what it requires of a worker."""
+    where it runs (and `twin: false` when a model too large must not be scaled down), its
+    row what it requires of a worker."""
     job = ledger.enqueue(session, settings, team, "verify", {}, requires=run.requirement)
     ver = Verification(team_id=team, plan_id=plan_id, job_id=job.id, compute_dtype=compute_dtype)
     session.add(ver)
@@ -74,5 +69,7 @@ def queue_verification(
     payload = {"verification_id": ver.id}
     if run.backend != "simulated":
         payload.update(run.to_json())
+    if not twin:
+        payload["twin"] = False
     job.payload = payload
     return ver

@@ -269,14 +269,26 @@ def run_plan(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
 def run_verify(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """One training step of the plan distributed against one device: on the simulated mesh,
-    or (`backend: torch`) on one process per rank that `verify` spawns itself."""
-    from shardlab.runtime.verify import verify
+    or (`backend: torch`) on one process per rank that `verify` spawns itself; a mesh with a
+    `pp` axis runs as the pipeline its strategy says. A model whose run would hold more than
+    `MAX_VERIFICATION_BYTES` is verified as its scaled-down twin (the report's `summary.twin`
+    says so), or refused with `twin: false` (`shardlab.runtime.twin`)."""
+    from shardlab.runtime.twin import verify_safely
 
     backend = str(inputs.get("backend") or "simulated")
-    plan = build({**inputs, "cluster": None}, progress, (0.0, 0.3))
-    where = "simulated step" if backend == "simulated" else f"{plan.strategy.mesh.size} torch ranks"
-    progress(0.3, f"verify (reference and {where})")
-    report = verify(plan, compute_dtype=inputs.get("compute_dtype", "float64"), backend=backend)
+    graph = graph_from_json(inputs["graph"])
+    strategy = _strategy(inputs["strategy"])
+    where = "simulated step" if backend == "simulated" else f"{strategy.mesh.size} torch ranks"
+    progress(0.1, f"verify (plan, reference and {where})")
+    report = verify_safely(
+        graph,
+        strategy,
+        twin=bool(inputs.get("twin", True)),
+        optimizer=str(strategy.options.get("optimizer", "adamw")),
+        lr=float(strategy.options.get("lr", 1e-3)),
+        compute_dtype=inputs.get("compute_dtype", "float64"),
+        backend=backend,
+    )
     return {"report": report.to_json()}
 
 

@@ -72,7 +72,8 @@ def load_inputs(session: Session, job: Job) -> dict[str, Any]:
         plan = _get(session, Plan, ver.plan_id, "plan")
         run = {k: payload.get(k) for k in ("backend", "nproc", "device")}
         return {**plan_inputs(session, plan), "compute_dtype": ver.compute_dtype,
-                **run, "backend": run["backend"] or "simulated"}  # fmt: skip
+                **run, "backend": run["backend"] or "simulated",
+                "twin": payload.get("twin", True)}  # fmt: skip
     if job.kind == "compare":
         comp: Comparison = _get(session, Comparison, payload.get("comparison_id"), "comparison")
         a = _get(session, Plan, comp.plan_a_id, "plan")

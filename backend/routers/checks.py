@@ -58,6 +58,7 @@ from shardlab.check import Budgets, CheckError, Verdict, check_verifiable, figur
 from shardlab.errors import ShardlabError
 from shardlab.graph_json import graph_from_json
 from shardlab.ir import Graph
+from shardlab.runtime.twin import has_twin
 from shardlab.strategy import Strategy as EngineStrategy
 
 router = APIRouter(prefix="/api/checks", tags=["checks"])
@@ -260,13 +261,14 @@ def _queue_verification(
     verify_on: VerifyOn,
 ) -> int:
     """Queue the verification `budgets.verify` reads, where `verify_on` says (422 naming
-    `verify` for a model too large to verify, `verify_on.<field>` for a run that cannot be:
-    `backend/verifying.py`); its job builds the plan itself, so it need not wait for the
-    plan's."""
+    `verify` for a model too large to verify that has no scaled-down twin,
+    `verify_on.<field>` for a run that cannot be: `backend/verifying.py`); its job builds
+    the plan itself, so it need not wait for the plan's."""
     engine = engine_strategy(strategy.mesh, strategy.templates, strategy.annotations,
                              strategy.options)  # fmt: skip
-    with _about("budgets"):
-        check_verifiable(int(model.summary.get("params", 0)), engine.mesh.size)
+    if not has_twin(model.preset):  # a transformer preset too large verifies as its twin
+        with _about("budgets"):
+            check_verifiable(int(model.summary.get("params", 0)), engine.mesh.size)
     run = run_on(engine, verify_on, prefix="verify_on.")
     verification = queue_verification(session, settings, plan.team_id, plan.id, "float64", run)
     return verification.id

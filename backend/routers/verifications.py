@@ -20,6 +20,7 @@ from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, VerificationCreate, VerificationOut
 from backend.verifying import queue_verification, run_on
 from shardlab.check import check_verifiable
+from shardlab.runtime.twin import has_twin
 from shardlab.strategy import Strategy as EngineStrategy
 
 router = APIRouter(prefix="/api/verifications", tags=["verifications"])
@@ -48,29 +49,34 @@ def create_verification(
     """Queue one training step of the plan, distributed (on the simulated mesh, or with
     `backend: torch` on real ranks: `nproc` processes on `device`, claimed only by a worker
     with the devices), against one device. 422, storing nothing, naming `plan_id` for a
-    model too large to verify here (`shardlab.check.check_verifiable`: a full-size model's
-    run would take gigabytes of memory and minutes), or `nproc`, `device` or `backend` for
-    a run that cannot be (`backend/verifying.py`)."""
+    model too large to verify here that has no scaled-down twin, or with `twin: false`
+    (`shardlab.check.check_verifiable`: a full-size model's run would take gigabytes of
+    memory and minutes; the worker verifies a transformer preset's twin instead), or
+    `nproc`, `device` or `backend` for a run that cannot be (`backend/verifying.py`)."""
     team = principal.team_id
     plan: Plan = owned(session, Plan, team, body.plan_id, "plan")
-    strategy = _check_verifiable(session, plan, body.compute_dtype)
+    strategy = _check_verifiable(session, plan, body.compute_dtype, body.twin)
     run = run_on(strategy, body)
-    ver = queue_verification(session, settings, team, body.plan_id, body.compute_dtype, run)
+    ver = queue_verification(
+        session, settings, team, body.plan_id, body.compute_dtype, run, twin=body.twin
+    )
     session.commit()
     job = job_of(session, ver.job_id)
     return {"id": ver.id, "job_id": job.id, "status": job.status}
 
 
-def _check_verifiable(session: Session, plan: Plan, dtype: str) -> EngineStrategy:
-    """Refuse a plan whose verification would hold more than the limit, at once; the
-    plan's engine strategy."""
+def _check_verifiable(session: Session, plan: Plan, dtype: str, twin: bool) -> EngineStrategy:
+    """Refuse a plan whose verification would hold more than the limit, at once, unless its
+    model has a scaled-down twin the worker verifies instead (`twin`, a transformer preset);
+    the plan's engine strategy."""
     model = session.get(Model, plan.model_id, options=[defer(Model.graph_blob)])
     strategy = session.get(Strategy, plan.strategy_id)
     assert model is not None and strategy is not None  # a plan keeps its model and strategy
     engine = engine_strategy(strategy.mesh, strategy.templates, strategy.annotations,
                              strategy.options)  # fmt: skip
-    check_verifiable(int(model.summary.get("params", 0)), engine.mesh.size, dtype=dtype,
-                     field="plan_id")  # fmt: skip
+    if not (twin and has_twin(model.preset)):
+        check_verifiable(int(model.summary.get("params", 0)), engine.mesh.size, dtype=dtype,
+                         field="plan_id")  # fmt: skip
     return engine
 
 

@@ -114,6 +114,13 @@ class VerificationCreate(VerifyOn):
 
     plan_id: RowId
     compute_dtype: Literal["float64", "float32"] = "float64"
+    twin: bool = Field(
+        True,
+        description="A model too large to verify here (its run would hold more than the "
+        "worker's limit) is verified as a scaled-down twin: the same mesh, templates and "
+        "placements with fewer layers and smaller sizes; the report's summary.twin says what "
+        "changed. false: such a model is refused (422 naming plan_id).",
+    )
 
 
 class VerificationOut(BaseModel):

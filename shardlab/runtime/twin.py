@@ -41,6 +41,14 @@ _MIN_HEAD_DIM = 8
 _MIN_SEQ = 16
 
 
+def has_twin(preset: str | None) -> bool:
+    """Whether a model built from `preset` can be verified as a scaled-down twin."""
+    try:
+        return preset is not None and isinstance(get_preset(preset).config, TransformerConfig)
+    except ShardlabError:
+        return False
+
+
 def verification_estimate(graph: Graph, ranks: int, dtype: str = "float64") -> int:
     """Upper bound of the bytes a verification of `graph` on `ranks` ranks holds in `dtype`:
     (ranks + 1) copies of the parameters with their gradients and two moments, and of every

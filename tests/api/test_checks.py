@@ -115,7 +115,7 @@ def test_bad_checks_are_named_and_store_nothing(
         ({**base, "baseline": "prod", "baseline_plan_id": 1}, 422, "invalid_check", "not both"),
         (
             {
-                "model": {"preset": "llama3-8b"},
+                "graph": graph_to_json(build_model("llama3-8b", {"layers": 2})),
                 "strategy": {"mesh": "dp=8", "templates": ["dp"]},
                 "cluster": "h100-sxm-1x8",
                 "budgets": {"verify": True},
@@ -123,7 +123,7 @@ def test_bad_checks_are_named_and_store_nothing(
             422,
             "invalid_check",
             "verify",
-        ),  # 8B parameters on 8 ranks: far too large to verify
+        ),  # 1.3B parameters on 8 ranks, a graph document with no twin: too large to verify
         ({**base, "budgets": {"max_steps": 3}}, 422, "invalid_request", "max_steps"),
         ({**base, "cluster": "nowhere"}, 404, "not_found", "nowhere"),
     ):

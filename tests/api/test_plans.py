@@ -165,8 +165,9 @@ def test_verification_and_comparison(
 
 def test_a_model_too_large_to_verify_is_refused_at_once(client: TestClient) -> None:
     """Verifying a full-size llama3-8b on 8 ranks would hold about 2 TiB in float64 (the UI
-    once started such a run, 11.4 GB after 50 s): 422 naming plan_id, nothing queued; in
-    float32 the bound halves, still far over."""
+    once started such a run, 11.4 GB after 50 s). Without its scaled-down twin (`twin:
+    false`): 422 naming plan_id, nothing queued; in float32 the bound halves, still far over.
+    With it (the default) the verification is queued, for the worker to run the twin."""
     model = _created(client.post("/api/models", json={"name": "8b", "preset": "llama3-8b"}))
     strategy = _created(client.post("/api/strategies", json={"name": "dp", "mesh": "dp=8",
                                                              "templates": ["dp"]}))  # fmt: skip
@@ -174,7 +175,7 @@ def test_a_model_too_large_to_verify_is_refused_at_once(client: TestClient) -> N
                                                     "strategy_id": strategy["id"]}))  # fmt: skip
     jobs = client.get("/api/jobs").json()
     for dtype in ("float64", "float32"):
-        answer = client.post("/api/verifications", json={"plan_id": plan["id"],
+        answer = client.post("/api/verifications", json={"plan_id": plan["id"], "twin": False,
                                                          "compute_dtype": dtype})  # fmt: skip
         assert answer.status_code == 422, answer.text
         body = answer.json()
@@ -183,6 +184,8 @@ def test_a_model_too_large_to_verify_is_refused_at_once(client: TestClient) -> N
         assert f"in {dtype}" in body["message"] and body["detail"]["bytes"] > (4 << 30)
     assert client.get("/api/verifications").json() == []
     assert client.get("/api/jobs").json() == jobs
+    queued = client.post("/api/verifications", json={"plan_id": plan["id"]})
+    assert queued.status_code == 202, queued.text
 
 
 def _sse(text: str) -> list[tuple[str, dict[str, Any]]]:

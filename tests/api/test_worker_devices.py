@@ -79,7 +79,7 @@ def test_a_run_that_cannot_be_is_refused_naming_the_field(
     assert _counts(factory) == before  # nothing stored
 
 
-def test_a_pipeline_is_not_run_on_torch_ranks(client: TestClient) -> None:
+def test_a_pipeline_is_queued_for_torch_ranks(client: TestClient) -> None:
     setup_plan(client, None)  # stores the model "tiny"
     models = {m["name"]: m["id"] for m in client.get("/api/models").json()}
     strategy = client.post("/api/strategies", json={"name": "pp", "mesh": "pp=2"}).json()
@@ -87,7 +87,9 @@ def test_a_pipeline_is_not_run_on_torch_ranks(client: TestClient) -> None:
         "/api/plans", json={"model_id": models["tiny"], "strategy_id": strategy["id"]}
     ).json()
     answer = client.post("/api/verifications", json={"plan_id": plan["id"], "backend": "torch"})
-    assert_error(answer, 422, "invalid_verification", "backend", "pp")
+    assert answer.status_code == 202, answer.text
+    job = client.get(f"/api/jobs/{answer.json()['job_id']}").json()
+    assert job["requires"] == {"device": "cpu", "nproc": 2}
 
 
 def test_a_check_verifies_where_it_is_told(client: TestClient) -> None:
