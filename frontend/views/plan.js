@@ -87,7 +87,7 @@ function realDevice(workers, ranks) {
 function verifySection(planId, summary, workers) {
   const out = h("div", { "aria-live": "polite" });
   const ranks = meshSize(summary.mesh);
-  const device = summary.pipeline ? null : realDevice(workers, ranks);
+  const device = realDevice(workers, ranks);
   const buttons = [h("button", { type: "button" }, "Verify against one device")];
   if (device) buttons.push(h("button", { type: "button", class: "secondary",
     title: `one training step on ${ranks} torch ranks (${device}) on a worker that has them` },
@@ -110,6 +110,7 @@ function verifySection(planId, summary, workers) {
           r.ok ? `numerics match${where}: ${r.checks.length} tensors checked (${r.compute_dtype})`
             : `MISMATCH${where}: ${r.failed} tensors differ; first divergence at ${r.first_divergence}`)
         : errorBox(new Error(v.error?.message ?? `verification ${v.status}`)));
+      if (r?.summary?.twin) out.append(twinNote(r.summary.twin));
     } catch (err) {
       out.replaceChildren(errorBox(err));
     } finally {
@@ -122,6 +123,16 @@ function verifySection(planId, summary, workers) {
       ` on ${ranks} torch ranks (${device})`));
   }
   return h("section", {}, h("h2", {}, "Verification"), ...buttons, out);
+}
+
+/** What a verification of a model too large to run here ran instead: its scaled-down twin. */
+function twinNote(twin) {
+  const gib = (n) => `${(n / 2 ** 30).toFixed(1)} GiB`;
+  const changes = Object.entries(twin.changes).map(([k, [a, b]]) => `${k} ${a}→${b}`).join(", ");
+  return h("p", { class: "muted twin-note" },
+    `Verified a scaled-down twin, not the model itself: the model would hold about `
+    + `${gib(twin.full_estimate_bytes)} (limit ${gib(twin.limit_bytes)}). Same mesh, templates `
+    + `and placements, with ${changes}.`);
 }
 
 /** The plan against the baseline of its model and cluster (figures and change), and the

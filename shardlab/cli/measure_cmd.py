@@ -1,25 +1,37 @@
-"""`shardlab measure`: time a plan's step on real ranks and compare it with the cost model."""
+"""`shardlab measure`: time a plan's step on real ranks and compare it with the cost model.
+
+A mesh with a `pp` axis runs as a pipeline (--schedule, --microbatches, --virtual-stages as
+`shardlab verify` takes them): every rank runs its stage, and the step is held against the
+plan's pipelined cost, with units, tail and bubble per stage (`runtime.measure_pipeline`).
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from shardlab.cli.common import (
     JsonFlag,
     MeshOption,
+    MicrobatchesOption,
+    ScheduleOption,
     SetOption,
     TemplateOption,
+    VirtualStagesOption,
     app,
     build_strategy,
     fail,
     load_model,
 )
+from shardlab.cli.verify_cmd import with_pipeline
 from shardlab.errors import ShardlabError
+
+if TYPE_CHECKING:
+    from shardlab.runtime.measure import Measurement
 
 #: The cluster predicted against when --cluster is not given: this machine's CPU ranks.
 DEFAULT_CLUSTER = "cpu-local"
@@ -31,6 +43,9 @@ def measure_cmd(
     mesh: MeshOption,
     template: TemplateOption = None,
     set_: SetOption = None,
+    schedule: ScheduleOption = None,
+    microbatches: MicrobatchesOption = None,
+    virtual_stages: VirtualStagesOption = None,
     backend: Annotated[str, typer.Option(help="Where the ranks run: torch.")] = "torch",
     nproc: Annotated[
         int | None, typer.Option(help="Processes to run; must equal the mesh size.")
@@ -51,7 +66,9 @@ def measure_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Run the plan's step on one process per rank (torch.distributed, gloo), time every op
-    and print predicted against measured seconds with error % = (pred - meas) / meas."""
+    and print predicted against measured seconds with error % = (pred - meas) / meas; a pp
+    mesh axis runs as a pipeline (--schedule, default 1f1b; --microbatches;
+    --virtual-stages) and adds units, tail and bubble per stage."""
     from shardlab.plan import build_plan
     from shardlab.runtime.backends import check_nproc
     from shardlab.runtime.measure import compare, measure, measured_trace
@@ -61,6 +78,7 @@ def measure_cmd(
             raise ShardlabError(f"measure runs on --backend torch only, not {backend!r}")
         graph = load_model(model, set_)
         strategy = build_strategy(mesh, template, None, "none")
+        strategy = with_pipeline(strategy, schedule, microbatches, virtual_stages)
         check_nproc(nproc, strategy.mesh)
         plan = build_plan(graph, strategy, optimizer=optimizer, cluster=cluster or DEFAULT_CLUSTER)
         got = measure(plan, steps=steps, warmup=warmup, seed=seed, dtype=dtype)
@@ -69,16 +87,18 @@ def measure_cmd(
         fail(exc)
     if trace is not None:
         trace.write_text(json.dumps(measured_trace(got)), encoding="utf-8")
-    assert plan.cost is not None
+    cost = plan.cost or (plan.pipeline.cost if plan.pipeline else None)
+    assert cost is not None
     if as_json:
-        body = {"cluster": plan.cost.cluster.name, **got.to_json()}
+        body = {"cluster": cost.cluster.name, **got.to_json()}
         body["rows"] = [r.to_json() for r in rows]
         typer.echo(json.dumps(body, indent=2))
         return
     typer.echo(
         f"measured {steps} steps (+{warmup} warm-up) on {strategy.mesh.size} torch ranks; "
-        f"step max {got.step_max * 1e3:.2f} ms, median {got.step_median * 1e3:.2f} ms; "
-        f"predicted for {plan.cost.cluster.name}"
+        + _pipeline_words(got)
+        + f"step max {got.step_max * 1e3:.2f} ms, median {got.step_median * 1e3:.2f} ms; "
+        f"predicted for {cost.cluster.name}"
     )
     typer.echo(f"{'':<36} {'predicted ms':>13} {'measured ms':>12} {'error %':>9}")
     for r in rows:
@@ -90,3 +110,12 @@ def measure_cmd(
                    f"{err:>9}")  # fmt: skip
     if trace is not None:
         typer.echo(f"chrome trace: {trace} (open in https://ui.perfetto.dev)")
+
+
+def _pipeline_words(got: Measurement) -> str:
+    """`pipeline 1f1b, 2 stages, 4 micro-batches; ` for a pipeline's measurement, else ''."""
+    p = got.pipeline
+    if p is None:
+        return ""
+    chunks = f", {p.virtual_stages} chunks per stage" if p.virtual_stages > 1 else ""
+    return f"pipeline {p.schedule}, {p.pp} stages, {p.microbatches} micro-batches{chunks}; "

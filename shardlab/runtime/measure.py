@@ -10,6 +10,11 @@ and each layer, with error % = (predicted - measured) / measured * 100.
 Compute and communication are sums of op durations (per op: the cost model's seconds
 against the median measured one); an async collective's measured span runs from its issue
 to its wait's completion, so it includes any time it waited behind compute.
+
+A pipelined plan (a mesh with a `pp` axis) goes to `runtime.measure_pipeline` from the same
+three functions: `measure` runs its stage programs (a `Measurement` with `pipeline` set),
+`compare` holds the measured step against the plan's pipelined cost and `measured_trace`
+names each rank's stage.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardlab.errors import ExecutionError
 from shardlab.plan import Plan
@@ -28,6 +33,9 @@ from shardlab.runtime import hazards as hz
 from shardlab.runtime.reference import make_feeds
 from shardlab.runtime.torchdist import RankTiming, time_torchdist
 
+if TYPE_CHECKING:
+    from shardlab.passes.pipeline import PipelineProgram
+
 COMPUTE = "compute"
 #: nanoseconds -> seconds, and -> trace microseconds
 NS = 1e-9
@@ -36,12 +44,22 @@ NS_US = 1e-3
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """Every rank's timed step: per op (start, end) and median duration, and step times."""
+    """Every rank's timed step: per op (start, end) and median duration, and step times.
+
+    A pipelined plan's: `program` is the plan's (one micro-batch's) and `pipeline` holds the
+    stage programs the ranks ran (rank r ran `program_of(r)`)."""
 
     program: DistProgram
     ranks: dict[int, RankTiming]
     steps: int
     warmup: int
+    pipeline: PipelineProgram | None = None
+
+    def program_of(self, rank: int) -> DistProgram:
+        """The program `rank` ran: the plan's, or its pipeline stage's."""
+        if self.pipeline is None:
+            return self.program
+        return next(p for p in self.pipeline.stages if rank in p.mesh.ranks)
 
     def step_time(self, rank: int) -> float:
         """Median wall seconds of one step on `rank`."""
@@ -62,13 +80,19 @@ class Measurement:
         return {name: ns * NS for name, ns in self.ranks[rank].durations.items()}
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "steps": self.steps,
             "warmup": self.warmup,
             "step_max_s": self.step_max,
             "step_median_s": self.step_median,
             "step_s": {str(r): self.step_time(r) for r in sorted(self.ranks)},
         }
+        if self.pipeline is not None:
+            p = self.pipeline
+            out["pipeline"] = {"schedule": p.schedule, "microbatches": p.microbatches,
+                               "virtual_stages": p.virtual_stages,
+                               "stage_ranks": [list(s.mesh.ranks) for s in p.stages]}  # fmt: skip
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +125,12 @@ class Row:
 def measure(
     plan: Plan, steps: int = 5, warmup: int = 1, seed: int = 0, dtype: str | None = None
 ) -> Measurement:
-    """Time `plan`'s program on torch ranks (`steps` kept after `warmup` dropped)."""
+    """Time `plan`'s program on torch ranks (`steps` kept after `warmup` dropped); a
+    pipelined plan's stage programs (`measure_pipeline.measure_pipelined`)."""
     if plan.pipeline is not None:
-        raise ExecutionError("measure does not run pipelined plans yet", backend="torch")
+        from shardlab.runtime.measure_pipeline import measure_pipelined  # it imports this
+
+        return measure_pipelined(plan, steps=steps, warmup=warmup, seed=seed, dtype=dtype)
     compute_dtype = dtype or "float64"
     sources = make_feeds(plan.training, seed, compute_dtype)
     ranks = time_torchdist(
@@ -120,7 +147,11 @@ def stream_tids(program: DistProgram) -> dict[str, int]:
 
 def measured_trace(m: Measurement) -> dict[str, Any]:
     """The measured step (each rank's median step) as a Chrome trace, times in microseconds
-    since each rank's barrier exit."""
+    since each rank's barrier exit (a pipeline's: `measure_pipeline.pipelined_trace`)."""
+    if m.pipeline is not None:
+        from shardlab.runtime.measure_pipeline import pipelined_trace
+
+        return pipelined_trace(m)
     tids = stream_tids(m.program)
     ops = {op.name: op for op in m.program.ops}
     events: list[dict[str, Any]] = []
@@ -167,7 +198,12 @@ def layer_name(op: DistOp) -> str:
 
 def compare(plan: Plan, m: Measurement, rank: int | None = None) -> list[Row]:
     """Predicted against measured on `rank` (default: the slowest rank): step, compute,
-    communication, per op kind and per layer."""
+    communication, per op kind and per layer (a pipelined plan's:
+    `measure_pipeline.compare_pipelined`; `rank` is ignored there)."""
+    if plan.pipeline is not None:
+        from shardlab.runtime.measure_pipeline import compare_pipelined
+
+        return compare_pipelined(plan, m)
     if plan.cost is None:
         raise ExecutionError("compare needs a costed plan (build it with a cluster)")
     me = max(m.ranks, key=m.step_time) if rank is None else rank

@@ -25,6 +25,11 @@ has posted the recv, so two stages that each wait for their send before their ne
 would deadlock. A recv is a blocking `dist.recv`: its outputs are ready when
 the op returns. Feeds (micro-batches, parameters, state) are split in the calling process
 exactly as the simulated run splits them (`pipeline_exec.stage_feeds`).
+
+Timing (`time_pipeline_torch`, for `runtime.measure_pipeline`): every rank runs its stage
+program `warmup + steps` times, a barrier before each step, and returns its `RankTiming`
+(`torch_rank.time_steps`): a step's wall time ends once the rank's sends have completed,
+and a recv's span includes waiting for its peer (the schedule's bubble).
 """
 
 from __future__ import annotations
@@ -41,8 +46,15 @@ from shardlab.passes.pipeline import PipelineProgram
 from shardlab.passes.pipeline_schedule import Key, p2p_key
 from shardlab.program import DistOp, DistProgram
 from shardlab.runtime.torch_comm import make_groups, tensor
-from shardlab.runtime.torch_launch import BACKEND, run_job, torch_modules
-from shardlab.runtime.torch_rank import RankBlocks, RankRun, process_ranks
+from shardlab.runtime.torch_launch import BACKEND, run_job, spawn, torch_modules
+from shardlab.runtime.torch_rank import (
+    RankBlocks,
+    RankRun,
+    RankTiming,
+    check_timing,
+    process_ranks,
+    time_steps,
+)
 
 Blocks = dict[str, dict[int, Array]]
 #: The most dimensions a transferred block may have.
@@ -90,6 +102,39 @@ def run_pipeline_torch(
     """Every stage's blocks of every value it holds after the step, one process per rank
     (the contract of `pipeline_exec.run_pipeline_blocks`); `nproc`, when given, must equal
     the mesh size; `timeout_s` bounds every transfer and collective."""
+    plan, ranks, inputs = _rank_inputs(pipeline, sources, seed, nproc)
+    blocks: list[Blocks] = [{} for _ in pipeline.stages]
+    for r, theirs in zip(ranks, run_job(stage_job, plan, inputs, timeout_s, ranks), strict=True):
+        for name, block in theirs.items():
+            blocks[plan.stage_of(r)].setdefault(name, {})[r] = block
+    return blocks
+
+
+def time_pipeline_torch(
+    pipeline: PipelineProgram,
+    sources: Mapping[str, Array],
+    seed: int = 0,
+    *,
+    steps: int = 5,
+    warmup: int = 1,
+    nproc: int | None = None,
+    timeout_s: float = 300.0,
+) -> dict[int, RankTiming]:
+    """Every rank's timing of its stage program over `steps` pipelined steps after `warmup`
+    dropped ones (`torch_rank.time_steps`: a barrier before each step; a step ends when the
+    rank's sends have completed; a recv's span includes waiting for its peer). Spawned, one
+    process per rank, never under torchrun."""
+    check_timing(steps, warmup)
+    plan, ranks, inputs = _rank_inputs(pipeline, sources, seed, nproc)
+    got: list[RankTiming] = spawn(time_stage_job, (plan, steps, warmup), inputs, timeout_s,
+                                  ranks)  # fmt: skip
+    return {t.rank: t for t in got}
+
+
+def _rank_inputs(
+    pipeline: PipelineProgram, sources: Mapping[str, Array], seed: int, nproc: int | None
+) -> tuple[StagePlan, list[int], list[RankBlocks]]:
+    """The stage plan, the global rank of every process and its fed blocks."""
     from shardlab.runtime.pipeline_exec import stage_feeds  # it imports runtime.verify
 
     torch_modules()
@@ -108,24 +153,33 @@ def run_pipeline_torch(
     for r in ranks:
         fed = feeds[plan.stage_of(r)]
         inputs.append({name: held[r] for name, held in fed.items()})
-    blocks: list[Blocks] = [{} for _ in pipeline.stages]
-    for r, theirs in zip(ranks, run_job(stage_job, plan, inputs, timeout_s, ranks), strict=True):
-        for name, block in theirs.items():
-            blocks[plan.stage_of(r)].setdefault(name, {})[r] = block
-    return blocks
+    return plan, ranks, inputs
 
 
-def stage_job(proc: int, plan: StagePlan, mine: RankBlocks) -> RankBlocks:
-    """A launched process's job (`torch_launch.Job`): run its rank's stage program, with
-    transfers to and from the other stages; every value's block on the rank."""
+def _stage_run(proc: int, plan: StagePlan, mine: RankBlocks) -> tuple[RankRun, StageLink]:
+    """Process `proc`'s run of its rank's stage program and its link to the other stages."""
     ranks = plan.ranks()
     me = ranks[proc]
     stage = plan.stage_of(me)
     groups = make_groups([p.mesh for p in plan.stages], {r: p for p, r in enumerate(ranks)}, me)
     link = StageLink(plan, stage, me)
-    blocks = RankRun(plan.stages[stage], me, dict(mine), groups, link).run()
+    return RankRun(plan.stages[stage], me, dict(mine), groups, link), link
+
+
+def stage_job(proc: int, plan: StagePlan, mine: RankBlocks) -> RankBlocks:
+    """A launched process's job (`torch_launch.Job`): run its rank's stage program, with
+    transfers to and from the other stages; every value's block on the rank."""
+    run, link = _stage_run(proc, plan, mine)
+    blocks = run.run()
     link.finish()
     return blocks
+
+
+def time_stage_job(proc: int, common: tuple[StagePlan, int, int], mine: RankBlocks) -> RankTiming:
+    """A spawned process's job: its rank's stage program timed over (steps, warmup) steps."""
+    plan, steps, warmup = common
+    run, link = _stage_run(proc, plan, mine)
+    return time_steps(run, mine, steps, warmup, end_step=link.finish)
 
 
 class StageLink:

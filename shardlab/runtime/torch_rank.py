@@ -15,19 +15,21 @@ run, with the process group already joined (`runtime.torch_launch`).
 - `send` / `recv` (pipeline stage programs) go to the run's `PointToPoint`
   (`runtime.torch_pipeline`); a program run without one refuses them (ExecutionError).
 
-Timing (`time_rank`, for `runtime.measure`): the program runs `warmup + steps` times on the
-same sources, a `dist.barrier()` before each; the wall clock (`time.perf_counter_ns`) is
-read around each op, relative to the rank's own barrier exit. A sync op's span is its issue
-to its outputs stored; an async collective's is its issue to its wait's completion; a
-`wait` / `hold` / `free` op's span includes completing its predecessors (where the rank
-blocks). The warm-up steps are dropped (`RankTiming`).
+Timing (`time_rank` for `runtime.measure`; `time_steps` for any prepared run, e.g. a
+pipeline stage's, whose sends are waited inside its step): the program runs
+`warmup + steps` times on the same sources, a `dist.barrier()` before each; the wall clock
+(`time.perf_counter_ns`) is read around each op, relative to the rank's own barrier exit.
+A sync op's span is its issue to its outputs stored (a `recv`'s includes waiting for its
+peer's send: a pipeline's bubble); an async collective's is its issue to its wait's
+completion; a `wait` / `hold` / `free` op's span includes completing its predecessors
+(where the rank blocks). The warm-up steps are dropped (`RankTiming`).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -108,18 +110,43 @@ def time_rank(
 ) -> RankTiming:
     """Run rank `me`'s program `warmup + steps` times (a barrier before each) and time its
     ops; the warm-up steps are dropped."""
-    _, dist = torch_modules()
     run = RankRun(program, me, dict(sources), _flat_groups(program, me))
+    return time_steps(run, sources, steps, warmup)
+
+
+def time_steps(
+    run: RankRun,
+    sources: RankBlocks,
+    steps: int,
+    warmup: int,
+    end_step: Callable[[], None] | None = None,
+) -> RankTiming:
+    """Time `run` (a rank's program, its groups joined) for `warmup + steps` steps, each from
+    `sources`, after a barrier; `end_step`, when given, ends every step inside its wall time
+    (a pipeline rank waits for its sends). The warm-up steps are dropped."""
+    _, dist = torch_modules()
     kept: list[tuple[int, dict[int, tuple[int, int]]]] = []
     for n in range(warmup + steps):
-        run.blocks, run.pending, run.spans = dict(sources), {}, {}
+        run.blocks, run.pending, run.spans, run.issued = dict(sources), {}, {}, {}
         dist.barrier()
         run.t0 = time.perf_counter_ns()
         run.run()
+        if end_step is not None:
+            end_step()
         wall = time.perf_counter_ns() - run.t0
         if n >= warmup:
             kept.append((wall, run.spans))
-    return _timing(program, me, kept)
+    return _timing(run.program, run.me, kept)
+
+
+def check_timing(steps: int, warmup: int) -> None:
+    """Timing needs at least one kept step and no negative warm-up (ExecutionError)."""
+    if steps < 1 or warmup < 0:
+        raise ExecutionError(
+            f"timing needs steps >= 1 and warmup >= 0, got steps={steps} warmup={warmup}",
+            steps=steps,
+            warmup=warmup,
+        )
 
 
 def _timing(
