@@ -5,6 +5,12 @@ exist, on a plan before and after a pass). Deltas are `b - a`: positive means pl
 more. Time per scope groups program ops by layer (`layers.3`, `embed`, `lm_head`), compute
 and communication apart, so a reviewer sees which layers got faster or slower and whether
 the change came from compute or from collectives.
+
+Every figure carries its unit (`Delta.unit`), so `text()` prints it as a reviewer reads it
+(seconds as ms, bytes in GiB, MFU in percent, counts whole); `to_json()` keeps raw numbers
+for machines. Plans of a different global batch or sequence length do different work per
+step: `warnings` says so, and the headline then leads with throughput (tokens/s), not step
+time.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class Delta:
     name: str
     a: float
     b: float
+    #: how `text()` prints the figure: "s", "B", "%" (a fraction), "tok/s" or "" (a count)
+    unit: str = ""
 
     @property
     def delta(self) -> float:
@@ -38,7 +46,7 @@ class Delta:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "a": self.a, "b": self.b, "delta": self.delta,
-                "ratio": self.ratio}  # fmt: skip
+                "ratio": self.ratio, "unit": self.unit}  # fmt: skip
 
 
 @dataclass
@@ -53,6 +61,8 @@ class Comparison:
     scopes: list[Delta]  # seconds per (layer scope, compute|comm)
     ops: list[Delta]  # seconds per op present in both, largest |delta| first
     placements: list[tuple[str, str, str]] = field(default_factory=list)  # value, spec a, b
+    #: what makes the two hard to compare (a different global batch or sequence length)
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,18 +74,20 @@ class Comparison:
             "scopes": [d.to_json() for d in self.scopes],
             "ops": [d.to_json() for d in self.ops],
             "placements": [{"value": v, "a": sa, "b": sb} for v, sa, sb in self.placements],
+            "warnings": self.warnings,
         }
 
     def text(self, limit: int = 10) -> str:
         lines = [f"A: {self.a_label}", f"B: {self.b_label}", ""]
-        for title, rows in (("headline", self.headline), ("memory (bytes per rank)", self.memory),
+        lines += [f"warning: {w}" for w in self.warnings] + ([""] if self.warnings else [])
+        for title, rows in (("headline", self.headline), ("memory per rank", self.memory),
                             ("collectives", self.collectives)):  # fmt: skip
             if rows:
                 lines.append(title)
                 lines += [_row(d) for d in rows]
         changed = _largest_first(self.scopes)[:limit]
         if changed:
-            lines.append("time per scope (s), largest change first")
+            lines.append("time per scope, largest change first")
             lines += [_row(d) for d in changed]
         if self.placements:
             lines.append(f"placements that differ: {len(self.placements)}")
@@ -84,22 +96,80 @@ class Comparison:
 
 
 def _row(d: Delta) -> str:
-    ratio = f"  x{d.ratio:.3f}" if d.ratio is not None else ""
-    return f"  {d.name:<36} {d.a:>14.6g} {d.b:>14.6g} {d.delta:>+14.6g}{ratio}"
+    ratio = f"  x{_ratio(d.ratio)}" if d.ratio is not None else ""
+    delta = show(d.delta, d.unit, signed=True)
+    return f"  {d.name:<32} {show(d.a, d.unit):>12} {show(d.b, d.unit):>12} {delta:>13}{ratio}"
+
+
+def _ratio(r: float) -> str:
+    """B / A in three digits, without exponents."""
+    if r >= 1000:
+        return f"{r:,.0f}"
+    return "<0.001" if 0 < r < 0.001 else f"{r:.3g}"
+
+
+def show(value: float, unit: str, signed: bool = False) -> str:
+    """`value` in `unit` as a person reads it: 1.213 s, 42.1 ms, 113.8 GiB, 35.2%, 54,049/s."""
+    sign = "+" if signed and value > 0 else ""
+    if unit == "s":
+        for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+            if abs(value) >= scale or name == "µs":
+                return f"{sign}{value / scale:.4g} {name}"
+    if unit == "B":
+        for scale, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+            if abs(value) >= scale:
+                return f"{sign}{value / scale:.4g} {name}"
+        return f"{sign}{value:.0f} B"
+    if unit == "%":
+        return f"{sign}{value * 100:.1f}{' pt' if signed else '%'}"
+    if unit == "tok/s":
+        return f"{sign}{value:,.0f}/s"
+    return f"{sign}{value:,.0f}" if float(value).is_integer() else f"{sign}{value:.4g}"
 
 
 def compare(a: Plan, b: Plan, a_label: str = "", b_label: str = "") -> Comparison:
     """Compare plan `b` against plan `a`."""
+    warnings = work_differs(a, b)
+    headline = _headline(a, b)
+    if warnings:  # the step does different work: throughput is the figure to read
+        headline.sort(key=lambda d: d.name != "tokens/s")
     return Comparison(
         a_label=a_label or a.strategy.describe(),
         b_label=b_label or b.strategy.describe(),
-        headline=_headline(a, b),
+        headline=headline,
+        warnings=warnings,
         memory=_memory(a, b),
         collectives=_collectives(a, b),
         scopes=_pairs(_time_by_scope(a), _time_by_scope(b)),
         ops=_largest_first(_pairs(_op_times(a), _op_times(b), both=True))[:TOP_OPS],
         placements=_placements(a, b),
     )
+
+
+def work_differs(a: Plan, b: Plan) -> list[str]:
+    """A warning for each of the global batch and the sequence length that differ."""
+    out = []
+    for name in ("batch", "seq"):
+        va, vb = _setting(a, name), _setting(b, name)
+        if va is not None and vb is not None and va != vb:
+            what = "global batch" if name == "batch" else "sequence length"
+            out.append(
+                f"the plans' {what} differs (A {va}, B {vb}): a step does different work, so "
+                "compare tokens/s, not step time"
+            )
+    return out
+
+
+def _setting(plan: Plan, name: str) -> int | None:
+    """The model's batch or seq: its preset config, else the shape of its `tokens` input."""
+    config = plan.model.meta.get("config")
+    if isinstance(config, dict) and isinstance(config.get(name), int):
+        return int(config[name])
+    if "tokens" in plan.model.values:
+        shape = plan.model.type_of("tokens").shape
+        index = 0 if name == "batch" else 1
+        return int(shape[index]) if len(shape) > index else None
+    return None
 
 
 def _largest_first(rows: list[Delta]) -> list[Delta]:
@@ -109,14 +179,15 @@ def _largest_first(rows: list[Delta]) -> list[Delta]:
 def _headline(a: Plan, b: Plan) -> list[Delta]:
     rows = [Delta("program ops", len(a.program.ops), len(b.program.ops)),
             Delta("comm bytes per rank", a.program.comm_bytes_per_rank(),
-                  b.program.comm_bytes_per_rank())]  # fmt: skip
+                  b.program.comm_bytes_per_rank(), "B")]  # fmt: skip
     if a.cost and b.cost:
         ca, cb = a.cost, b.cost
+        exposed = ca.timeline.exposed_comm(0), cb.timeline.exposed_comm(0)
         rows += [
-            Delta("step time (s)", ca.step_time, cb.step_time),
-            Delta("MFU", ca.mfu, cb.mfu),
-            Delta("tokens/s", ca.tokens_per_second, cb.tokens_per_second),
-            Delta("exposed comm (s)", ca.timeline.exposed_comm(0), cb.timeline.exposed_comm(0)),
+            Delta("step time (s)", ca.step_time, cb.step_time, "s"),
+            Delta("MFU", ca.mfu, cb.mfu, "%"),
+            Delta("tokens/s", ca.tokens_per_second, cb.tokens_per_second, "tok/s"),
+            Delta("exposed comm (s)", *exposed, "s"),
         ]
     return rows
 
@@ -125,13 +196,14 @@ def _memory(a: Plan, b: Plan) -> list[Delta]:
     if not (a.cost and b.cost):
         return []
     ma, mb = a.cost.memory, b.cost.memory
-    rows = [Delta("peak", ma.peak_bytes, mb.peak_bytes)]
+    rows = [Delta("peak", ma.peak_bytes, mb.peak_bytes, "B")]
     for cat in sorted(set(ma.breakdown_at_peak) | set(mb.breakdown_at_peak)):
         rows.append(
             Delta(
                 f"at peak: {cat}",
                 ma.breakdown_at_peak.get(cat, 0),
                 mb.breakdown_at_peak.get(cat, 0),
+                "B",
             )
         )
     return rows
@@ -144,7 +216,7 @@ def _collectives(a: Plan, b: Plan) -> list[Delta]:
         ea, eb = ka.get(kind, {}), kb.get(kind, {})
         rows.append(Delta(f"{kind} count", ea.get("count", 0), eb.get("count", 0)))
         rows.append(Delta(f"{kind} bytes/rank", ea.get("bytes_per_rank", 0.0),
-                          eb.get("bytes_per_rank", 0.0)))  # fmt: skip
+                          eb.get("bytes_per_rank", 0.0), "B"))  # fmt: skip
     return rows
 
 
@@ -166,7 +238,7 @@ def _time_by_scope(plan: Plan) -> dict[str, float]:
 
 def _pairs(a: dict[str, float], b: dict[str, float], both: bool = False) -> list[Delta]:
     names = sorted(set(a) & set(b)) if both else sorted(set(a) | set(b))
-    return [Delta(n, a.get(n, 0.0), b.get(n, 0.0)) for n in names]
+    return [Delta(n, a.get(n, 0.0), b.get(n, 0.0), "s") for n in names]
 
 
 def _named(spec: DistSpec) -> str:

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import shardlab
 from shardlab.cli import app
+from shardlab.comparison import show
 from shardlab.models import build_model
 from shardlab.plan import PlanFileError, build_plan, load_plan, save_plan
 from shardlab.strategy import Strategy
@@ -113,3 +114,53 @@ def raise_from_cli(args: list[str]) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 1
     raise RuntimeError(result.output)
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "signed", "text"),
+    [
+        (1.21252, "s", False, "1.213 s"),
+        (0.0421, "s", False, "42.1 ms"),
+        (-3.5e-5, "s", True, "-35 µs"),
+        (1.22138e11, "B", False, "113.7 GiB"),
+        (8192, "B", True, "+8 KiB"),
+        (0, "B", False, "0 B"),
+        (0.351712, "%", False, "35.2%"),
+        (0.296623, "%", True, "+29.7 pt"),
+        (54049.2, "tok/s", False, "54,049/s"),
+        (742, "", True, "+742"),
+    ],
+)
+def test_figures_print_with_their_units(value: float, unit: str, signed: bool, text: str) -> None:
+    assert show(value, unit, signed=signed) == text
+
+
+def test_plans_of_different_batches_warn_and_lead_with_throughput(
+    dp_and_tp: tuple[shardlab.plan.Plan, ...], tmp_path: Path
+) -> None:
+    dp, _ = dp_and_tp
+    bigger = build_plan(build_model("llama3-8b", {**MODEL, "batch": 64}),
+                        Strategy.build("dp=8", ["dp"]), cluster="h100-sxm-1x8")  # fmt: skip
+    result = shardlab.compare(dp, bigger)
+    assert result.warnings == [
+        "the plans' global batch differs (A 8, B 64): a step does different work, so compare "
+        "tokens/s, not step time"
+    ]
+    assert result.headline[0].name == "tokens/s"
+    assert shardlab.compare(dp, dp).warnings == []  # same work: step time stays where it was
+    assert shardlab.compare(dp, dp).headline[0].name == "program ops"
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save_plan(dp, a)
+    save_plan(bigger, b)
+    text = runner.invoke(app, ["compare", str(a), str(b)]).output
+    lines = text.splitlines()
+    assert lines[3].startswith("warning: the plans' global batch differs (A 8, B 64)")
+    headline = lines[lines.index("headline") + 1]
+    assert headline.split()[0] == "tokens/s" and headline.count("/s") == 4
+    step = next(line for line in lines if line.lstrip().startswith("step time"))
+    assert step.count(" ms") == 3 and "e+" not in text  # seconds with units, no exponents
+    mfu = next(line for line in lines if line.lstrip().startswith("MFU"))
+    assert "%" in mfu and " pt" in mfu
+    data = json.loads(runner.invoke(app, ["compare", str(a), str(b), "--json"]).output)
+    assert data["warnings"] == result.warnings
+    assert data["headline"][0]["unit"] == "tok/s" and isinstance(data["headline"][0]["a"], float)
