@@ -11,6 +11,7 @@ from shardlab.errors import PresetError, ShardlabError
 from shardlab.ir import Graph
 from shardlab.models import PRESETS, build_model, parse_overrides
 from shardlab.strategy import Strategy
+from shardlab.templates import TEMPLATES
 from shardlab.validate import load_graph_file
 
 app = typer.Typer(
@@ -31,8 +32,8 @@ TemplateOption = Annotated[
     list[str] | None,
     typer.Option(
         "--template",
-        help="Strategy template, optionally on a named axis: dp, megatron_tp, "
-        "sequence_parallel, fsdp, or e.g. dp:x (repeatable, applied in order).",
+        help="Strategy template, optionally on a named axis (e.g. dp:x; repeatable, applied "
+        f"in order): {', '.join(TEMPLATES)}.",
     ),
 ]
 RecomputeOption = Annotated[

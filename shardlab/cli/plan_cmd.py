@@ -23,6 +23,7 @@ from shardlab.cli.common import (
     load_model,
 )
 from shardlab.cli.pipeline_view import (
+    SEND_WAIT,
     micro_model,
     pipeline_summary,
     pipeline_text,
@@ -31,8 +32,12 @@ from shardlab.cli.pipeline_view import (
 from shardlab.errors import ShardlabError
 from shardlab.models.config import parse_overrides
 from shardlab.passes.guard import tuning_text
+from shardlab.passes.manager import PASSES
 from shardlab.strategy import Strategy, check_options
 from shardlab.summary import human
+
+#: Every pass `--pass` / `--no-pass` name: the program passes, then the pipeline's.
+PASS_NAMES = (*PASSES, SEND_WAIT)
 
 
 @app.command("plan")
@@ -62,7 +67,7 @@ def plan_cmd(
         list[str] | None,
         typer.Option(
             "--no-pass",
-            help="Turn a pass off (repeatable): dp_grad_scaling, dp_fuse_allreduce, dp_overlap.",
+            help=f"Turn a pass off (repeatable): {', '.join(PASS_NAMES)}.",
         ),
     ] = None,
     bucket_mb: Annotated[
