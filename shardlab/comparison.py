@@ -21,6 +21,7 @@ from typing import Any
 from shardlab.cost.memory import layer_scope
 from shardlab.placement import DistSpec, Replicate
 from shardlab.plan import Plan
+from shardlab.summary import human_bytes
 
 #: How many ops `compare` lists, largest |delta| first.
 TOP_OPS = 20
@@ -116,10 +117,7 @@ def show(value: float, unit: str, signed: bool = False) -> str:
             if abs(value) >= scale or name == "µs":
                 return f"{sign}{value / scale:.4g} {name}"
     if unit == "B":
-        for scale, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-            if abs(value) >= scale:
-                return f"{sign}{value / scale:.4g} {name}"
-        return f"{sign}{value:.0f} B"
+        return human_bytes(value, signed)
     if unit == "%":
         return f"{sign}{value * 100:.1f}{' pt' if signed else '%'}"
     if unit == "tok/s":

@@ -38,8 +38,21 @@ def model_summary(graph: Graph) -> dict[str, Any]:
 
 
 def human(n: float, unit: str = "") -> str:
-    """1234567 -> '1.23M' (SI prefixes up to peta)."""
+    """1234567 -> '1.23M' (SI prefixes up to peta); bytes (`unit` "B") in binary units, as
+    the UI shows them (`human_bytes`)."""
+    if unit == "B":
+        return human_bytes(n)
     for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.3g}{'B' if prefix == 'G' and not unit else prefix}{unit}"
     return f"{n:g}{unit}"
+
+
+def human_bytes(n: float, signed: bool = False) -> str:
+    """Bytes in binary units, four digits: 79999999999 -> '74.51 GiB', 8192 -> '8 KiB'."""
+    sign = "+" if signed and n > 0 else ""
+    for name, scale in (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20),
+                        ("KiB", 1 << 10)):  # fmt: skip
+        if abs(n) >= scale:
+            return f"{sign}{n / scale:.4g} {name}"
+    return f"{sign}{n:.0f} B"
