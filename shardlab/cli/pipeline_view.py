@@ -181,11 +181,20 @@ def pipelined_plan_lines(p: dict[str, Any]) -> list[str]:
         + (f", {p['virtual_stages']} chunks per stage" if p["virtual_stages"] > 1 else "")
         + f", layers {p['balance']}-balanced"
     ]
+    lines += _split_reason(p)
     if "step_time_s" in p:
         lines.append(
             f"  on {p['cluster']}: step {p['step_time_s'] * 1e3:.1f} ms, MFU {p['mfu']:.1%} "
             f"(HFU {p['hfu']:.1%}), {p['tokens_per_s']:,.0f} tokens/s; bubble "
-            f"{p['bubble_fraction']:.1%} (formula (p-1)/(vm+p-1): {p['bubble_formula']:.1%})"
+            f"{p['bubble_fraction']:.1%} of the step as the schedule lays out these stages "
+            f"(the textbook (p-1)/(vm+p-1), for equal stages: {p['bubble_formula']:.1%})"
+        )
+    if "peak_memory_bytes" in p:
+        worst = max(p["stages"], key=lambda st: (st.get("memory") or {}).get("peak_bytes", 0))
+        lines.append(
+            f"  memory per rank: peak {human(p['peak_memory_bytes'], 'B')} (stage "
+            f"{worst['stage']}) of {human(p['memory_capacity_bytes'], 'B')}"
+            + ("" if p["fits"] else "  DOES NOT FIT")
         )
     for st in p["stages"]:
         line = f"  stage {st['stage']}: layers {_ranges(st['layers'])}"
@@ -198,12 +207,35 @@ def pipelined_plan_lines(p: dict[str, Any]) -> list[str]:
                 f"; F {fwd} ms, B {bwd} ms, tail {st['tail_s'] * 1e3:.1f} ms; memory "
                 f"{human(memory['peak_bytes'], 'B')} = states {human(states, 'B')} + "
                 f"activations {human(memory['activations_bytes'], 'B')} "
-                f"({'+'.join(str(n) for n in memory['in_flight'])} micro-batches in flight) + "
+                f"({_in_flight(memory['in_flight'])} in flight) + "
                 f"temporaries {human(memory['temporaries_bytes'], 'B')}"
                 + ("" if memory["fits"] else "  DOES NOT FIT")
             )
         lines.append(line)
     return lines
+
+
+def _in_flight(counts: list[int]) -> str:
+    """`[1]` -> `1 micro-batch`, `[2, 1]` -> `2+1 micro-batches` (per chunk)."""
+    total = "+".join(str(n) for n in counts)
+    return f"{total} micro-batch" + ("" if counts == [1] else "es")
+
+
+def _split_reason(p: dict[str, Any]) -> list[str]:
+    """Why the stages hold different numbers of layers: the first also runs the embedding,
+    the last the head and loss, and the split balances FLOPs (or time), not layer counts."""
+    counts = [len(st["layers"]) for st in p["stages"]]
+    if len(set(counts)) <= 1 or p["balance"] == "even":
+        return []
+    line = (
+        f"  split {' / '.join(str(n) for n in counts)} layers: stage 0 also runs the embedding "
+        f"and stage {len(counts) - 1} the head and loss, and the split balances "
+        f"{'FLOPs' if p['balance'] == 'flops' else 'predicted time'}, not layer counts"
+    )
+    if all("forward_s" in st for st in p["stages"]):
+        work = [sum(st["forward_s"]) + sum(st["backward_s"]) for st in p["stages"]]
+        line += f" (F+B per micro-batch: {', '.join(f'{t * 1e3:.1f}' for t in work)} ms)"
+    return [line]
 
 
 def _ranges(layers: list[int]) -> str:
