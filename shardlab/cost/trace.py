@@ -1,6 +1,8 @@
 """Chrome trace-event export of a `Timeline`, for Perfetto and chrome://tracing.
 
-What it is for: look at a predicted step op by op. One process per rank (pid = rank), one
+What it is for: look at a predicted step op by op. One process per distinct role (pid = its
+representative rank, named "rank 0 (for ranks 0-63)"; ranks of one role run the same
+events), or per requested rank, one
 thread per stream (tid 0 = `compute`, then the comm streams in name order, the same on every
 rank), one complete ("X") event per op with its scope, kind, the placements of its values and,
 for comm ops, the bytes it moves and why it exists. Times are in microseconds.
@@ -45,7 +47,7 @@ def chrome_trace(
     out: list[dict[str, Any]] = []
     for pid in pids:
         events = timeline.events_of(pid)
-        out.append(_meta("process_name", pid, 0, f"rank {pid}"))
+        out.append(_meta("process_name", pid, 0, _process_name(timeline, pid, ranks is None)))
         used = {e.stream for e in events} | {COMPUTE}
         out += [_meta("thread_name", pid, tid, s) for s, tid in tids.items() if s in used]
         out += [_complete(e, ops.get(e.name), program, pid, tids[e.stream]) for e in events]
@@ -149,3 +151,22 @@ def _complete(
         "tid": tid,
         "args": args,
     }
+
+
+def _process_name(timeline: Timeline, pid: int, representative: bool) -> str:
+    """`rank 0 (for ranks 0-63)` for a representative that stands for others, else `rank 3`."""
+    ranks = timeline.ranks_of(pid) if representative else [pid]
+    if ranks == [pid]:
+        return f"rank {pid}"
+    return f"rank {pid} (for ranks {_span(ranks)})"
+
+
+def _span(ranks: Sequence[int]) -> str:
+    """`[0, 1, 2, 3, 8]` -> `0-3, 8`."""
+    parts: list[list[int]] = []
+    for r in sorted(ranks):
+        if parts and parts[-1][1] == r - 1:
+            parts[-1][1] = r
+        else:
+            parts.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)

@@ -42,7 +42,7 @@ def test_the_trace_of_a_dp_tp_plan_is_valid_and_complete(program: DistProgram) -
     assert data["otherData"]["represents"] == {"0": [0, 1, 2, 3]}
     events = data["traceEvents"]
     processes = [e for e in events if e["ph"] == "M" and e["name"] == "process_name"]
-    assert [(e["pid"], e["args"]["name"]) for e in processes] == [(0, "rank 0")]
+    assert [(e["pid"], e["args"]["name"]) for e in processes] == [(0, "rank 0 (for ranks 0-3)")]
     threads = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
     assert threads == {"compute": 0, "comm:dp": 1, "comm:tp": 2}
     spans = [e for e in events if e["ph"] == "X"]
