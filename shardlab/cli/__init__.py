@@ -7,6 +7,7 @@ and exit with status 1. The service's commands (serve, worker, db, token) are ad
 """
 
 from shardlab.cli import (  # noqa: F401  (register commands)
+    calibrate_cmd,
     check_cmd,
     measure_cmd,
     model_cmds,

@@ -53,7 +53,7 @@ _REQUIRED = (
     "matmul_efficiency",
     "memory_efficiency",
 )
-_OPTIONAL = ("description", "source")
+_OPTIONAL = ("description", "source", "kernel_scale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +95,9 @@ class Cluster:
     description: str = ""
     #: where the numbers come from
     source: str = ""
+    #: per op kind, a factor on its roofline time (a calibrated device's kernels that run
+    #: slower or faster than the roofline says); kinds not named keep 1
+    kernel_scale: dict[str, float] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -119,6 +122,7 @@ class Cluster:
             "launch_overhead": check.number("launch_overhead", self.launch_overhead, zero=True),
             "matmul_efficiency": check.fraction("matmul_efficiency", self.matmul_efficiency),
             "memory_efficiency": check.fraction("memory_efficiency", self.memory_efficiency),
+            "kernel_scale": check.scales(self.kernel_scale),
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -156,6 +160,7 @@ class Cluster:
             "launch_overhead": self.launch_overhead,
             "matmul_efficiency": self.matmul_efficiency,
             "memory_efficiency": self.memory_efficiency,
+            **({"kernel_scale": dict(self.kernel_scale)} if self.kernel_scale else {}),
         }
 
     @classmethod
@@ -250,6 +255,11 @@ class _Checker:
             self.number(f"{path}.bandwidth", value.bandwidth),
             self.number(f"{path}.latency", value.latency, zero=True),
         )
+
+    def scales(self, value: object) -> dict[str, float]:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise self.error("kernel_scale", "must be an object of op kind -> factor", value)
+        return {k: self.number(f"kernel_scale.{k}", v) for k, v in value.items()}
 
     def flops(self, value: object) -> dict[str, float]:
         if not isinstance(value, Mapping) or not value:

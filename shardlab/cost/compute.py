@@ -21,6 +21,8 @@ The model, per op on one device (`roofline_time`):
 - a dtype missing from `peak_flops` (e.g. an integer op) uses the float32 peak.
 - an op that neither computes nor moves bytes (a reshape: a view) takes no time at all.
 
+A calibrated cluster's `kernel_scale` multiplies `max(...)` of the kinds it names (a CPU's
+numpy kernels run some kinds far from the roofline: einsum attention, many-pass optimizers).
 A `CalibrationTable` of measured (kind, flops, bytes, seconds) overrides the roofline for the
 kinds it holds (see `CalibrationTable.seconds`). Communication kinds are costed elsewhere.
 """
@@ -165,7 +167,10 @@ def roofline_time(kind: str, flops: int, bytes_: int, dtype: str, device: Comput
     if flops > 0:
         compute = flops / (peak_for(device, dtype) * efficiency(kind, flops, dtype, device))
     memory = bytes_ / (device.hbm_bandwidth * device.memory_efficiency)
-    return max(compute, memory) + device.launch_overhead
+    # a calibrated device's per-kind factor (`Cluster.kernel_scale`; presets have none)
+    scale = getattr(device, "kernel_scale", None)
+    factor = scale.get(kind, 1.0) if scale else 1.0
+    return max(compute, memory) * factor + device.launch_overhead
 
 
 def compute_time(

@@ -1,0 +1,224 @@
+"""`shardlab calibrate`: measure this machine's torch-backend ranks and write a Cluster file.
+
+What it is for: the `cpu-local` preset holds rough guesses; a calibrated profile holds what
+`nproc` gloo ranks running numpy kernels on this machine actually reach, so `shardlab plan
+--cluster my.json` and `shardlab measure --cluster my.json` predict from measurements.
+
+`calibrate` measures (`runtime.calibrate_measure`: matmuls and elementwise adds against size,
+the four collectives against message and group size, compute under a collective), fits
+(`runtime.calibrate_fit`), then runs two one-layer reference plans (`REFERENCE`) on the
+torch backend: their (next to) no-work ops give `launch_overhead` (the backend's per-op
+time) and every other compute kind's `kernel_scale` is its measured / roofline time.
+`write` saves the Cluster JSON and, beside it, `<stem>.measurements.json` with every raw
+sample and its fit residual (a Cluster file holds only the fields `Cluster` knows).
+`report_lines` is the table the command prints.
+
+BLAS threads: numpy's BLAS starts one thread per core in every rank, so nproc ranks on a
+machine with fewer than nproc x threads cores oversubscribe it and matmul times swing by
+orders of magnitude. Calibrate and measure with the same `OPENBLAS_NUM_THREADS` /
+`OMP_NUM_THREADS` (1 when ranks fill the cores); the profile's description records them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardlab.cost.clusters import Cluster
+from shardlab.cost.compute import program_op_times
+from shardlab.errors import ExecutionError
+from shardlab.runtime import hazards as hz
+from shardlab.runtime.calibrate_fit import (
+    Fit,
+    Residual,
+    bus_bandwidth,
+    cluster_of,
+    fit_all,
+    median_abs_error,
+)
+from shardlab.runtime.calibrate_measure import KernelSample, Measurements, Sizes, measure_all
+
+DTYPES = ("float32", "float64")
+#: The plans whose kernels give `kernel_scale`: one GPT-2 and one Llama layer (run data
+#: parallel, so every compute kind of a training step is timed on a full-size block).
+REFERENCE = (
+    ("gpt2", {"layers": 1, "hidden": 128, "heads": 4, "ffn": 512, "vocab": 256, "seq": 64,
+              "batch": 4}),
+    ("llama3-8b", {"layers": 1, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 384,
+                   "vocab": 256, "seq": 64, "batch": 4}),
+)  # fmt: skip
+#: roofline seconds under which an op counts as doing no work (its time is the backend's)
+FLOOR_WORK_S = 1e-6
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """A measured and fitted profile."""
+
+    cluster: Cluster
+    measurements: Measurements
+    fit: Fit
+
+
+def calibrate(
+    nproc: int = 2, dtype: str = "float32", quick: bool = False, name: str = "calibrated"
+) -> Calibration:
+    """Measure `nproc` ranks in `dtype` (fewer sizes and repeats when `quick`) and fit."""
+    if dtype not in DTYPES:
+        raise ExecutionError(f"calibrate measures {' or '.join(DTYPES)}, not {dtype!r}")
+    if nproc < 2:
+        raise ExecutionError(f"calibrate needs --nproc 2 or more (collectives), got {nproc}")
+    m = measure_all(nproc, dtype, Sizes.preset(quick))
+    fit = fit_all(m)
+    base = cluster_of(fit, m, name, describe(m, quick), _memory_per_rank(nproc))
+    m.kernels, m.op_floor_s = measure_kernels(base, nproc, dtype, steps=3 if quick else 5)
+    return Calibration(cluster_of(fit, m, name, base.description, base.hbm_bytes), m, fit)
+
+
+def measure_kernels(
+    cluster: Cluster, nproc: int, dtype: str, steps: int
+) -> tuple[list[KernelSample], float | None]:
+    """Every compute kind of the reference plans (`REFERENCE`, data parallel on `nproc`
+    ranks) as the torch backend runs it, on the slowest rank, and the backend's per-op floor.
+
+    The floor is the median measured seconds of the ops that do (next to) no work: views
+    and ops whose roofline is under `FLOOR_WORK_S` - the backend's own per-op time. Each
+    kind's sample holds its ops' summed roofline seconds on `cluster` (launch overhead left
+    out) and their summed measured seconds less one floor per op."""
+    from shardlab.models import build_model
+    from shardlab.plan import build_plan
+    from shardlab.runtime.measure import is_comm, measure
+    from shardlab.strategy import Strategy
+
+    launch = cluster.launch_overhead
+    timed: list[tuple[str, float, float]] = []  # (kind, roofline less launch, measured)
+    for model, overrides in REFERENCE:
+        graph = build_model(model, {**overrides, "dtype": dtype})
+        plan = build_plan(graph, Strategy.build(f"dp={nproc}", ["dp"], [], {}), cluster=cluster)
+        got = measure(plan, steps=steps, warmup=1, dtype=dtype)
+        seen = got.op_seconds(max(got.ranks, key=got.step_time))
+        roof = program_op_times(plan.program, cluster)
+        for op in plan.program.ops:
+            if op.kind in hz.SYNC_KINDS or is_comm(op) or op.name not in seen:
+                continue
+            work = max(0.0, roof.get(op.name, 0.0) - launch)
+            timed.append((op.kind, work, seen[op.name]))
+    idle = [t for _, work, t in timed if work < FLOOR_WORK_S]
+    floor = statistics.median(idle) if idle else None
+    sums: dict[str, list[float]] = {}
+    for kind, work, t in timed:
+        if work > 0:
+            acc = sums.setdefault(kind, [0.0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += work
+            acc[2] += max(0.0, t - (floor if floor is not None else launch))
+    samples = [KernelSample(k, int(v[0]), v[1], v[2]) for k, v in sorted(sums.items())]
+    return samples, floor
+
+
+def describe(m: Measurements, quick: bool) -> str:
+    """What was measured, where and when (the profile's description)."""
+    threads = ", ".join(f"{v}={os.environ[v]}" for v in THREAD_VARS if v in os.environ)
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"Calibrated on {platform.node() or 'this machine'} ({os.cpu_count()} cores) at "
+        f"{when}{' (quick)' if quick else ''}: {m.nproc} torch-backend ranks (gloo, numpy "
+        f"kernels) in {m.dtype}, measured at once. peak_flops x matmul_efficiency: square "
+        "matmuls against size; hbm_bandwidth x memory_efficiency: "
+        "elementwise adds against length; intra_node (= inter_node, one node): all_reduce, "
+        "all_gather, reduce_scatter and all_to_all against message size and group size "
+        "(alpha-beta fit); overlap_slowdown: a matmul under an all_reduce; launch_overhead "
+        "(the backend's per-op time) and kernel_scale (per op kind, measured / roofline "
+        "time): one-layer GPT-2 and Llama reference plans run data parallel on the torch "
+        f"backend. BLAS threads: {threads or 'library default'}. Raw samples: the "
+        ".measurements.json beside it."
+    )
+
+
+def _memory_per_rank(nproc: int) -> float:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 * 2**30
+    return float(total // nproc)
+
+
+def side_file(path: Path) -> Path:
+    """Where the raw measurements of the profile at `path` go."""
+    return path.with_name(path.name.removesuffix(".json") + ".measurements.json")
+
+
+def write(cal: Calibration, path: str | Path) -> tuple[Path, Path]:
+    """Write the Cluster JSON at `path` and the raw samples beside it; both paths."""
+    out = Path(path)
+    out.write_text(json.dumps(cal.cluster.to_json(), indent=2) + "\n", encoding="utf-8")
+    raw = side_file(out)
+    raw.write_text(json.dumps(measurements_json(cal), indent=2) + "\n", encoding="utf-8")
+    return out, raw
+
+
+def measurements_json(cal: Calibration) -> dict[str, Any]:
+    """Raw samples, bus bandwidths and every fit residual."""
+    body = cal.measurements.to_json()
+    for s, js in zip(cal.measurements.comm, body["comm"], strict=True):
+        js["bus_bandwidth"] = bus_bandwidth(s) if s.seconds > 0 else None
+    body["residuals"] = [
+        {"sample": r.label, "measured_s": r.measured_s, "predicted_s": r.predicted_s,
+         "error_pct": r.error_pct}
+        for r in cal.fit.residuals
+    ]  # fmt: skip
+    body["cluster"] = cal.cluster.name
+    return body
+
+
+def report_lines(cal: Calibration) -> list[str]:
+    """The measurements, their fits and residuals, then the fitted figures."""
+    m, c = cal.measurements, cal.cluster
+    fitted = {r.label: r for r in cal.fit.residuals}
+    lines = [f"{'sample':<34} {'measured':>12} {'rate':>16} {'fit':>12} {'resid %':>8}"]
+    for s in m.compute:
+        label = (f"matmul {s.dtype} {s.size}^3" if s.kind == "matmul"
+                 else f"add {s.dtype} {s.size}")  # fmt: skip
+        rate = (f"{s.flops / s.seconds / 1e9:.1f} GFLOP/s" if s.kind == "matmul"
+                else f"{s.bytes / s.seconds / 1e9:.2f} GB/s")  # fmt: skip
+        lines.append(_row(label, s.seconds, rate, fitted.get(label)))
+    for k in m.comm:
+        if k.seconds <= 0:
+            continue
+        label = f"{k.kind} n={k.ranks} {k.size} B"
+        lines.append(_row(label, k.seconds, f"{bus_bandwidth(k) / 1e9:.2f} GB/s bus",
+                          fitted.get(label)))  # fmt: skip
+    flops = ", ".join(f"{d} {v / 1e9:.1f}" for d, v in c.peak_flops.items())
+    for ks in m.kernels:
+        scale = c.kernel_scale.get(ks.kind)
+        lines.append(f"kernel {ks.kind:<27} {ks.measured_s * 1e6:>9.1f} us {ks.ops:>5} ops "
+                     f"x{scale:.2f}" if scale else f"kernel {ks.kind:<27} (too small)")  # fmt: skip
+    lines += [
+        "",
+        f"peak_flops (GFLOP/s): {flops}; matmul_efficiency {c.matmul_efficiency:.3f}",
+        f"hbm_bandwidth {c.hbm_bandwidth / 1e9:.2f} GB/s, memory_efficiency "
+        f"{c.memory_efficiency:.3f}, launch_overhead {c.launch_overhead * 1e6:.2f} us",
+        f"intra_node: bandwidth {c.intra_node.bandwidth / 1e9:.3f} GB/s (bus), latency "
+        f"{c.intra_node.latency * 1e6:.1f} us per ring step; overlap_slowdown "
+        f"{c.overlap_slowdown:.2f}",
+        f"fit residuals: median |error| {median_abs_error(cal.fit.residuals):.1f}% over "
+        f"{len(cal.fit.residuals)} samples",
+    ]
+    cores = os.cpu_count() or 1
+    if m.nproc > cores:
+        note = f"note: {m.nproc} ranks share {cores} cores: each rank is a slice of a core"
+        lines.append(note + ", and a collective competes with the other ranks' compute for it")
+    return lines
+
+
+def _row(label: str, seconds: float, rate: str, r: Residual | None) -> str:
+    fit = f"{r.predicted_s * 1e6:>9.1f} us" if r else f"{'':>12}"
+    err = f"{r.error_pct:+8.1f}" if r else f"{'':>8}"
+    return f"{label:<34} {seconds * 1e6:>9.1f} us {rate:>16} {fit} {err}"
