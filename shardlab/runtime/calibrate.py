@@ -8,7 +8,9 @@ What it is for: the `cpu-local` preset holds rough guesses; a calibrated profile
 the four collectives against message and group size, compute under a collective), fits
 (`runtime.calibrate_fit`), then runs two one-layer reference plans (`REFERENCE`) on the
 torch backend: their (next to) no-work ops give `launch_overhead` (the backend's per-op
-time) and every other compute kind's `kernel_scale` is its measured / roofline time.
+time) and every other compute kind's `kernel_scale` is its measured / roofline time; the
+GPT-2 layer run tensor parallel times collectives inside a step, whose latency per ring
+step the link takes (`measure_step_collectives`, never below the isolated fit's).
 `write` saves the Cluster JSON and, beside it, `<stem>.measurements.json` with every raw
 sample and its fit residual (a Cluster file holds only the fields `Cluster` knows).
 `report_lines` is the table the command prints.
@@ -21,6 +23,7 @@ orders of magnitude. Calibrate and measure with the same `OPENBLAS_NUM_THREADS` 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.cost.clusters import Cluster
+from shardlab.cost.comm import comm_op_group, factor
 from shardlab.cost.compute import program_op_times
 from shardlab.errors import ExecutionError
 from shardlab.runtime import hazards as hz
@@ -40,9 +44,16 @@ from shardlab.runtime.calibrate_fit import (
     bus_bandwidth,
     cluster_of,
     fit_all,
+    fit_step_latency,
     median_abs_error,
 )
-from shardlab.runtime.calibrate_measure import KernelSample, Measurements, Sizes, measure_all
+from shardlab.runtime.calibrate_measure import (
+    CommSample,
+    KernelSample,
+    Measurements,
+    Sizes,
+    measure_all,
+)
 
 DTYPES = ("float32", "float64")
 #: The plans whose kernels give `kernel_scale`: one GPT-2 and one Llama layer (run data
@@ -79,7 +90,11 @@ def calibrate(
     fit = fit_all(m)
     base = cluster_of(fit, m, name, describe(m, quick), _memory_per_rank(nproc))
     m.kernels, m.op_floor_s = measure_kernels(base, nproc, dtype, steps=3 if quick else 5)
-    return Calibration(cluster_of(fit, m, name, base.description, base.hbm_bytes), m, fit)
+    m.step_comm = measure_step_collectives(base, nproc, dtype, steps=3 if quick else 5)
+    cluster = cluster_of(fit, m, name, base.description, base.hbm_bytes)
+    _, in_step = fit_step_latency(fit.link or cluster.intra_node, m.step_comm)
+    fit = dataclasses.replace(fit, residuals=(*fit.residuals, *in_step))
+    return Calibration(cluster, m, fit)
 
 
 def measure_kernels(
@@ -123,6 +138,36 @@ def measure_kernels(
     return samples, floor
 
 
+def measure_step_collectives(
+    cluster: Cluster, nproc: int, dtype: str, steps: int
+) -> list[CommSample]:
+    """The collectives of the GPT-2 reference layer (`REFERENCE[0]`), tensor parallel on
+    `nproc` ranks, as the torch backend runs them inside a step (each issued and waited
+    for before the op that reads it; on the slowest rank): the samples
+    `calibrate_fit.fit_step_latency` fits the link's in-step latency to."""
+    from shardlab.models import build_model
+    from shardlab.plan import build_plan
+    from shardlab.runtime.measure import measure
+    from shardlab.strategy import Strategy
+
+    model, overrides = REFERENCE[0]
+    graph = build_model(model, {**overrides, "dtype": dtype})
+    strategy = Strategy.build(f"tp={nproc}", ["megatron_tp"], [], {})
+    plan = build_plan(graph, strategy, cluster=cluster)
+    got = measure(plan, steps=steps, warmup=1, dtype=dtype)
+    seen = got.op_seconds(max(got.ranks, key=got.step_time))
+    samples: list[CommSample] = []
+    for op in plan.program.ops:
+        if op.comm is None or op.name not in seen:
+            continue
+        n = len(comm_op_group(plan.program.mesh, 0, op.comm.axis))
+        f = factor(op.comm.kind, n) if n > 1 else 0.0
+        if f > 0:
+            samples.append(CommSample(op.comm.kind, n, int(op.comm.bytes_per_rank / f),
+                                      seen[op.name]))  # fmt: skip
+    return samples
+
+
 def describe(m: Measurements, quick: bool) -> str:
     """What was measured, where and when (the profile's description)."""
     threads = ", ".join(f"{v}={os.environ[v]}" for v in THREAD_VARS if v in os.environ)
@@ -134,7 +179,8 @@ def describe(m: Measurements, quick: bool) -> str:
         "matmuls against size; hbm_bandwidth x memory_efficiency: "
         "elementwise adds against length; intra_node (= inter_node, one node): all_reduce, "
         "all_gather, reduce_scatter and all_to_all against message size and group size "
-        "(alpha-beta fit); overlap_slowdown: a matmul under an all_reduce; launch_overhead "
+        "(alpha-beta fit), its latency raised to what the collectives of a tensor-parallel "
+        "reference step pay; overlap_slowdown: a matmul under an all_reduce; launch_overhead "
         "(the backend's per-op time) and kernel_scale (per op kind, measured / roofline "
         "time): one-layer GPT-2 and Llama reference plans run data parallel on the torch "
         f"backend. BLAS threads: {threads or 'library default'}. Raw samples: the "
@@ -193,6 +239,10 @@ def report_lines(cal: Calibration) -> list[str]:
         if k.seconds <= 0:
             continue
         label = f"{k.kind} n={k.ranks} {k.size} B"
+        lines.append(_row(label, k.seconds, f"{bus_bandwidth(k) / 1e9:.2f} GB/s bus",
+                          fitted.get(label)))  # fmt: skip
+    for k in m.step_comm:
+        label = f"in step: {k.kind} n={k.ranks} {k.size} B"
         lines.append(_row(label, k.seconds, f"{bus_bandwidth(k) / 1e9:.2f} GB/s bus",
                           fitted.get(label)))  # fmt: skip
     flops = ", ".join(f"{d} {v / 1e9:.1f}" for d, v in c.peak_flops.items())

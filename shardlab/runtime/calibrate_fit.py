@@ -151,6 +151,29 @@ def fit_link(samples: Sequence[CommSample]) -> tuple[Link, list[Residual]]:
     return link, res
 
 
+def fit_step_latency(link: Link, samples: Sequence[CommSample]) -> tuple[Link, list[Residual]]:
+    """`link` with the latency per ring step that the collectives of a training step pay:
+    the median over `samples` (collectives timed inside a reference step) of their time less
+    the bandwidth term, per ring step; never below the isolated latency. Inside a step the
+    ranks arrive at a collective apart and gloo's threads share the cores with compute, so a
+    collective costs more than the same one timed alone."""
+    use = [s for s in samples if s.ranks > 1 and s.seconds > 0 and steps(s.kind, s.ranks)]
+    if not use:
+        return link, []
+    per_step = [
+        (s.seconds - factor(s.kind, s.ranks) * s.size / link.bandwidth) / steps(s.kind, s.ranks)
+        for s in use
+    ]
+    fitted = Link(link.bandwidth, max(link.latency, float(np.median(per_step))))
+    res = [
+        Residual(f"in step: {s.kind} n={s.ranks} {s.size} B", s.seconds,
+                 fitted.latency * steps(s.kind, s.ranks) + factor(s.kind, s.ranks) * s.size
+                 / fitted.bandwidth)
+        for s in use
+    ]  # fmt: skip
+    return fitted, res
+
+
 def kernel_scales(samples: Sequence[KernelSample]) -> dict[str, float]:
     """Per op kind, measured / roofline seconds (kinds too small to read are left out)."""
     out: dict[str, float] = {}
@@ -208,8 +231,11 @@ def cluster_of(fit: Fit, m: Measurements, name: str, description: str, hbm_bytes
     # the model's matmul efficiency is on the dtype's peak: keep each dtype's own
     flops = {c.dtype: c.peak_flops * c.matmul_efficiency / main.matmul_efficiency
              for c in fit.compute}  # fmt: skip
-    # one link for both: a single node has no inter-node traffic
+    # one link for both: a single node has no inter-node traffic; inside a step collectives
+    # pay the latency the reference step's collectives show
     link = fit.link or Link(main.hbm_bandwidth, 0.0)
+    if m.step_comm:
+        link, _ = fit_step_latency(link, m.step_comm)
     return Cluster(
         kernel_scale=kernel_scales(m.kernels),
         name=name,

@@ -122,6 +122,9 @@ class Measurements:
     kernels: list[KernelSample] = field(default_factory=list)
     #: the torch backend's per-op seconds (ops that do no work), when measured
     op_floor_s: float | None = None
+    #: collectives timed inside a tensor-parallel reference step
+    #: (`runtime.calibrate.measure_step_collectives`)
+    step_comm: list[CommSample] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +135,7 @@ class Measurements:
             "overlap": list(self.overlap) if self.overlap else None,
             "kernels": [asdict(k) for k in self.kernels],
             "op_floor_s": self.op_floor_s,
+            "step_comm": [asdict(s) for s in self.step_comm],
         }
 
     @classmethod
@@ -145,6 +149,7 @@ class Measurements:
             (float(overlap[0]), float(overlap[1])) if overlap else None,
             [KernelSample(**k) for k in data.get("kernels", [])],
             data.get("op_floor_s"),
+            [CommSample(**s) for s in data.get("step_comm", [])],
         )
 
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from shardlab.cli import app
-from shardlab.cost.clusters import Cluster, load_cluster
+from shardlab.cost.clusters import Cluster, Link, load_cluster
 from shardlab.cost.comm import factor, ring_time, steps
 from shardlab.cost.compute import roofline_time
 from shardlab.errors import ClusterError
@@ -24,6 +24,7 @@ from shardlab.runtime.calibrate_fit import (
     fit_link,
     fit_matmul,
     fit_memory,
+    fit_step_latency,
     kernel_scales,
     overlap_slowdown,
 )
@@ -94,6 +95,27 @@ def test_link_fit_recovers_bandwidth_and_latency_over_kinds_and_group_sizes() ->
     assert link.bandwidth == pytest.approx(LINK_BW, rel=1e-9)
     assert link.latency == pytest.approx(LINK_LAT, rel=1e-9)
     assert len(residuals) == 3 * 4 * 4 and all(abs(r.error_pct) < 1e-6 for r in residuals)
+
+
+def test_in_step_collectives_raise_the_latency_to_their_median_never_lower() -> None:
+    isolated = Link(LINK_BW, LINK_LAT)
+    size = 1 << 17
+    bw_term = factor("all_reduce", 2) * size / LINK_BW  # 2 x (1/2) x size / bandwidth
+    # three all-reduces of a step on 2 ranks (2 ring steps each) that waited on a peer
+    waits = [3e-3, 5e-3, 9e-3]
+    in_step = [CommSample("all_reduce", 2, size, bw_term + 2 * w) for w in waits]
+    link, residuals = fit_step_latency(isolated, in_step)
+    assert link.bandwidth == LINK_BW and link.latency == pytest.approx(5e-3)
+    assert [r.predicted_s for r in residuals] == pytest.approx([bw_term + 1e-2] * 3)
+    assert [round(r.error_pct, 6) for r in residuals] == pytest.approx(
+        [(bw_term + 1e-2) / (bw_term + 2 * w) * 100 - 100 for w in waits]
+    )
+    quick = [CommSample("all_reduce", 2, size, bw_term)]  # faster than isolated: no change
+    assert fit_step_latency(isolated, quick)[0] == isolated
+    assert fit_step_latency(isolated, []) == (isolated, [])
+    m = synthetic()
+    m.step_comm = in_step
+    assert cluster_of(fit_all(m), m, "c", "", 1e9).intra_node.latency == pytest.approx(5e-3)
 
 
 def test_kernel_scale_is_measured_over_roofline_and_skips_unreadable_kinds() -> None:
