@@ -64,6 +64,15 @@ async function showUser() {
   }
 }
 
+/** The tab's title, one form for every view: "Plan 3 · graph · Shardlab" under a plan,
+ * else "<the page's heading> · Shardlab". */
+function titleOf(path, page) {
+  const plan = path.match(/^\/plans\/(\d+)(?:\/(\w+))?$/);
+  if (plan) return `Plan ${plan[1]} · ${plan[2] ?? "overview"} · Shardlab`;
+  const heading = page?.querySelector("h1")?.textContent.trim();
+  return heading ? `${heading} · Shardlab` : "Shardlab";
+}
+
 async function route() {
   const { path, query } = parseHash();
   const match = ROUTES.map(([re, mod]) => [path.match(re), mod]).find(([m]) => m);
@@ -97,7 +106,9 @@ async function route() {
       const { reviewPanel } = await import("./views/review.js");
       root.append(reviewPanel(Number(planId), me, controller.signal));
     }
+    document.title = titleOf(path, null);
     await view.render(page, ctx);
+    if (!controller.signal.aborted) document.title = titleOf(path, page);
   } catch (err) {
     if (!controller.signal.aborted) {
       console.warn(err);

@@ -28,6 +28,27 @@ export function fmtBytes(bytes) {
   return `${value.toFixed(unit ? 2 : 0)} ${UNITS[unit]}`;
 }
 
+/** The ticks of a bytes axis from 0 to `top` bytes in one binary unit (the GiB of the
+ * capacity's "74.51 GiB"): about `count` round steps, labelled "20 GiB", and the unit's name
+ * and power of two for the axis title (Plotly markup). Plotly's own ticks would be decimal
+ * ("80G"). */
+export function binaryTicks(top, count = 6) {
+  let unit = 0;
+  while (top / 1024 ** unit >= 1024 && unit < UNITS.length - 1) unit += 1;
+  const scale = 1024 ** unit;
+  const raw = Math.max(top / scale, 1e-9) / count;
+  const magnitude = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((x) => x >= raw);
+  const values = [];
+  for (let i = 0; i * step <= top / scale * (1 + 1e-9); i += 1) values.push(i * step);
+  return {
+    unit: UNITS[unit],
+    title: unit ? `${UNITS[unit]} = 2<sup>${10 * unit}</sup> B` : "B",
+    tickvals: values.map((v) => v * scale),
+    ticktext: values.map((v) => `${Number(v.toFixed(3))} ${UNITS[unit]}`),
+  };
+}
+
 /** Seconds -> "12.3 ms" / "45.6 µs" / "1.23 s". */
 export function fmtTime(seconds) {
   const s = Number(seconds);

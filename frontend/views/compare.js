@@ -151,6 +151,18 @@ function placementsList(rows, planB) {
 
 // -- the view -------------------------------------------------------------------------------
 
+/** The name of a strategy auto-named with a time stamp by older forms
+ * ("dp=8 dp @ 2026-11-27 09:12:03.456"). */
+const STAMPED = / @ \d{4}-\d\d-\d\d[ T][\d:.]+Z?$/;
+
+/** A strategy as people read it: its name, or for a stamped auto-name its mesh and
+ * templates ("dp=8,tp=8 dp+megatron_tp"); the version only past the first. */
+export function strategyText(s) {
+  const name = STAMPED.test(s.name)
+    ? [s.mesh, (s.templates ?? []).join("+")].filter(Boolean).join(" ") : s.name;
+  return s.version > 1 ? `${name} v${s.version}` : name;
+}
+
 function planText(plan, names) {
   const cost = plan.summary?.cost;
   return `#${plan.id} ${names.model.get(plan.model_id) ?? `model ${plan.model_id}`} · `
@@ -161,9 +173,30 @@ function planText(plan, names) {
 const GRID = "display: grid; grid-template-columns: repeat(auto-fit, minmax(34rem, 1fr)); "
   + "gap: 0 1.2rem; align-items: start";
 
+/** The contents of a comparison: links to its sections (the page runs long). The links
+ * scroll (the URL's hash is the router's, so they do not navigate). */
+function contents(out) {
+  const links = [...out.querySelectorAll("section[id^='cmp-']")].map((section) => {
+    const title = section.querySelector("h2").textContent;
+    return h("li", {}, h("a", { href: `#${section.id}`, dataset: { section: section.id },
+      onclick: (e) => {
+        e.preventDefault();
+        section.scrollIntoView({ block: "start" });
+        section.querySelector("h2").focus({ preventScroll: true });
+      } }, title.replace(/ \(\d[\d,]*\)$/, "")));
+  });
+  return h("nav", { class: "cmp-toc", "aria-label": "comparison contents" },
+    h("strong", {}, "Contents: "), h("ul", {}, links));
+}
+
 function showResult(out, c, planB) {
   const step = c.headline.find((r) => r.name === "step time (s)");
-  const card = (title, ...body) => h("section", { class: "card" }, h("h2", {}, title), ...body);
+  const slug = (title) => `cmp-${title.toLowerCase().replace(/[^a-z]+/g, "-").replace(/-+$/, "")}`;
+  const card = (title, ...body) => {
+    const id = slug(title.replace(/ \(.*$/, ""));
+    return h("section", { class: "card", id, "aria-labelledby": `${id}-title` },
+      h("h2", { id: `${id}-title`, tabindex: -1 }, title), ...body);
+  };
   const grid = h("div", { style: GRID },
     card("Headline", deltaTable("headline", c.headline)),
     c.scopes.length ? card("Time per layer scope") : null,
@@ -189,6 +222,7 @@ function showResult(out, c, planB) {
   out.append(card(`Placements that differ (${fmtInt(c.placements.length)})`,
     c.placements.length ? placementsList(c.placements, planB)
       : h("p", { class: "muted" }, "Every value shared by both plans has the same placement.")));
+  out.prepend(contents(out));
 }
 
 export async function render(root, ctx) {
@@ -197,7 +231,7 @@ export async function render(root, ctx) {
     api("/api/strategies?all_versions=true&limit=1000")]);
   const names = {
     model: new Map(models.map((m) => [m.id, m.name])),
-    strategy: new Map(strategies.map((s) => [s.id, `${s.name} v${s.version}`])),
+    strategy: new Map(strategies.map((s) => [s.id, strategyText(s)])),
   };
   const built = plans.filter((p) => p.status === "succeeded");
   root.append(h("h1", {}, "Compare plans"));

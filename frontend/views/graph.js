@@ -105,7 +105,7 @@ export async function render(root, ctx) {
   const layout = h("div", { class: "gr-layout gr-nopanel" }, h("div", {}, legend, box), panel);
 
   root.append(
-    h("h1", {}, `Plan ${planId}: op graph`),
+    h("h1", {}, `Plan ${planId} · graph`),
     planTabs(planId, "graph"),
     h("div", { class: "gr-bar" }, crumbs, search),
     foldedNote,

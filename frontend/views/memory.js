@@ -3,8 +3,9 @@
 // largest buffers at the peak. A pipelined plan shows memory per stage (stage_memory.js).
 import { api, ApiError } from "../api.js";
 import {
-  CATEGORY_COLORS, errorBox, fmtBytes, fmtPercent, h, planTabs, plotly, ranksText,
+  binaryTicks, CATEGORY_COLORS, errorBox, fmtBytes, fmtPercent, h, planTabs, plotly, ranksText,
 } from "../ui.js";
+import { whatIf } from "./memory_whatif.js";
 import { renderStageMemory } from "./stage_memory.js";
 import { costedPlan } from "./timeline.js";
 
@@ -43,13 +44,15 @@ function breakdownFigure(data, toCapacity) {
   }));
   const peak = Math.max(...data.ranks.map((r) => r.peak_bytes));
   const top = toCapacity ? Math.max(peak, data.capacity_bytes) * 1.08 : peak * 1.15;
+  const ticks = binaryTicks(top);
   return {
     traces,
     layout: {
       barmode: "stack",
       height: 380,
       margin: { l: 70, r: 20, t: 30, b: 40 },
-      yaxis: { title: { text: "bytes per rank" }, tickformat: "~s", range: [0, top] },
+      yaxis: { title: { text: `bytes per rank (${ticks.title})` }, range: [0, top],
+        tickvals: ticks.tickvals, ticktext: ticks.ticktext },
       legend: { orientation: "h", y: 1.12, x: 0 },
       shapes: [{
         type: "line", xref: "paper", x0: 0, x1: 1, yref: "y",
@@ -71,6 +74,8 @@ function seriesFigure(rank) {
   const s = rank.series;
   const timed = s.t.every((t) => t !== null);
   const x = timed ? s.t.map((t) => t * 1e3) : s.index;
+  const top = Math.max(rank.peak_bytes, ...s.bytes) * 1.08;
+  const ticks = binaryTicks(top);
   return {
     traces: [{
       type: "scatter",
@@ -95,7 +100,8 @@ function seriesFigure(rank) {
       height: 300,
       margin: { l: 70, r: 20, t: 10, b: 50 },
       xaxis: { title: { text: timed ? "op start in the step (ms)" : "op (program order)" } },
-      yaxis: { title: { text: "live bytes" }, tickformat: "~s", rangemode: "tozero" },
+      yaxis: { title: { text: `live bytes (${ticks.title})` }, range: [0, top],
+        tickvals: ticks.tickvals, ticktext: ticks.ticktext },
       showlegend: false,
     },
   };
@@ -134,11 +140,12 @@ export async function render(root, ctx) {
   const load = () => api(`/api/plans/${id}/memory${stage ? `?stage=${encodeURIComponent(stage)}` : ""}`);
 
   let data;
+  let plan;
   try {
-    const plan = await costedPlan(id, body);
+    plan = await costedPlan(id, body);
     if (!plan) return;
     if (plan.summary?.pipeline) { // per stage, as the schedule holds it
-      await renderStageMemory(body, plan.summary.pipeline, ctx);
+      await renderStageMemory(body, plan.summary.pipeline, ctx, plan);
       return;
     }
     data = await load();
@@ -165,6 +172,11 @@ export async function render(root, ctx) {
         "scale up to the device's capacity")));
   const content = h("div", {});
   body.replaceChildren(controls, content);
+  // a plan that does not fit: the changes to try, above the charts
+  const worst = data.ranks.reduce((w, r) => (r.peak_bytes > w.peak_bytes ? r : w));
+  const fixes = worst.fits ? null : await whatIf(plan, `Rank ${worst.rank} needs `
+    + `${fmtBytes(worst.peak_bytes)} of ${fmtBytes(worst.capacity_bytes)}: it does not fit.`);
+  if (ctx.signal.aborted) return;
   const plots = [];
 
   const draw = async () => {
@@ -191,6 +203,7 @@ export async function render(root, ctx) {
       h("p", { class: "muted" },
         `${data.cluster}: ${fmtBytes(data.capacity_bytes)} per device. The cost model profiles `
         + "one rank: every rank holds equal blocks, so it stands for the others."),
+      ...(fixes ? [fixes] : []),
       h("section", { class: "card" }, h("h2", {}, "Peak memory by category"), bar),
       ...cards.map((c) => c.card));
     const fig = breakdownFigure(data, toCapacity);

@@ -62,12 +62,18 @@ function summaryDetail(model) {
   return h("dl", { class: "summary" }, pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
 }
 
-function nameCell(model) {
-  const body = h("div", {}, h("p", { class: "loading" }, "loading…"));
-  const details = h("details", {}, h("summary", {}, model.name), body);
-  details.addEventListener("toggle", async () => {
-    if (!details.open || details.dataset.loaded) return;
-    details.dataset.loaded = "1";
+/** The name cell: a disclosure button whose summary opens in `detail`, a row of its own
+ * under the model's row spanning every column, so that the columns keep their widths. */
+function nameCell(model, detail) {
+  const body = detail.querySelector(".model-detail-body");
+  const button = h("button", { type: "button", class: "model-toggle", "aria-expanded": "false",
+    "aria-controls": detail.id }, model.name);
+  button.addEventListener("click", async () => {
+    const open = button.getAttribute("aria-expanded") !== "true";
+    button.setAttribute("aria-expanded", String(open));
+    detail.hidden = !open;
+    if (!open || detail.dataset.loaded) return;
+    detail.dataset.loaded = "1";
     try {
       body.replaceChildren(summaryDetail(await api(`/api/models/${model.id}`)),
         h("p", {}, h("a", { href: `#/plans/new?model=${model.id}` }, `Plan ${model.name}`)));
@@ -75,20 +81,27 @@ function nameCell(model) {
       body.replaceChildren(errorBox(err));
     }
   });
-  return h("td", {}, details);
+  return h("td", { class: "model-name" }, button);
 }
 
-function modelRow(model) {
+const COLUMNS = 8;
+
+/** A model's row and its (hidden) detail row under it. */
+function modelRows(model) {
   const overrides = Object.entries(model.overrides ?? {}).map(([k, v]) => `${k}=${v}`).join(", ");
-  return h("tr", { dataset: { modelId: model.id } },
-    nameCell(model),
+  const detail = h("tr", { class: "model-detail", id: `model-${model.id}-detail`, hidden: true,
+    dataset: { detailOf: model.id } }, h("td", { colspan: COLUMNS },
+    h("div", { class: "model-detail-body" }, h("p", { class: "loading" }, "loading…"))));
+  const row = h("tr", { dataset: { modelId: model.id } },
+    nameCell(model, detail),
     h("td", {}, model.source),
     h("td", {}, model.preset ?? "–"),
-    h("td", {}, overrides || "–"),
+    h("td", { class: "model-overrides", title: overrides || null }, overrides || "–"),
     h("td", { class: "num", dataset: { col: "params" } }, fmtInt(model.params)),
     h("td", { class: "num", title: `${fmtInt(model.flops_forward)} FLOPs` }, fmtFlops(model.flops_forward)),
     h("td", { class: "num" }, String(model.layers)),
     h("td", { class: "num" }, fmtInt(model.ops)));
+  return [row, detail];
 }
 
 /** Models per page. */
@@ -111,11 +124,12 @@ async function fillTable(holder, { offset = 0, highlight = null, go = () => {} }
   }
   const head = ["Name", "Source", "Preset", "Overrides", "Parameters", "FLOPs / forward",
     "Layers", "Ops"];
-  const rows = models.map(modelRow);
+  const pairs = models.map(modelRows);
+  const rows = pairs.map(([row]) => row);
   const turn = (to) => { go(to); fillTable(holder, { offset: to, go }); };
-  holder.replaceChildren(h("table", { "aria-label": "models" },
+  holder.replaceChildren(h("table", { "aria-label": "models", class: "models-table" },
     h("thead", {}, h("tr", {}, head.map((t, i) => h("th", { class: i > 3 ? "num" : null, scope: "col" }, t)))),
-    h("tbody", {}, rows)),
+    h("tbody", {}, pairs.flat())),
   page.total > PAGE || offset > 0 ? pager({ noun: "Models", label: "model pages", offset,
     count: models.length, total: page.total, size: PAGE, go: turn, id: "models-range",
     newer: "Previous", older: "Next" }) : null);

@@ -8,13 +8,18 @@ import { costedPlan } from "./timeline.js";
 const FASTER = "#2e7d32";
 const SLOWER = "#b3261e";
 
-/** A signed delta with the better/worse colour (lower is better unless `higherIsBetter`). */
-function delta(value, fmt, higherIsBetter = false) {
+/** A signed delta coloured by its sign: better/worse (lower is better unless
+ * `higherIsBetter`); zero, or a delta too small to show ("0.0 µs"), is neutral. */
+export function delta(value, fmt, higherIsBetter = false) {
   if (value === null || value === undefined || !Number.isFinite(value)) return h("span", {}, "–");
-  if (value === 0) return h("span", { class: "muted" }, "±0");
+  const shown = fmt(Math.abs(value));
+  const digits = shown.match(/^[\d.,]+/)?.[0];
+  if (value === 0 || (digits !== undefined && !/[1-9]/.test(digits))) {
+    return h("span", { class: "delta-neutral muted" }, "±0");
+  }
   const better = higherIsBetter ? value > 0 : value < 0;
-  const text = `${value > 0 ? "+" : "−"}${fmt(Math.abs(value))}`;
-  return h("span", { class: better ? "delta-better" : "delta-worse" }, text);
+  return h("span", { class: better ? "delta-better" : "delta-worse" },
+    `${value > 0 ? "+" : "−"}${shown}`);
 }
 
 function stagesTable(stages) {

@@ -3,6 +3,7 @@
 import { api, ApiError, followJob } from "../api.js";
 import { Field, clearErrors, errorLine, field, fieldOf, labelled, showError, uid } from "../forms.js";
 import { errorBox, fmtInt, h } from "../ui.js";
+import { modelSizePicker } from "./model_size.js";
 import { pipelinePicker, recomputePicker } from "./training_options.js";
 
 const INLINE = "display: inline; font-weight: normal; margin: 0 .4rem 0 .2rem";
@@ -113,9 +114,10 @@ function parseMesh(text) {
 
 function templatePicker(templates, chosen) {
   const items = templates.map((t) => {
-    const box = h("input", { type: "checkbox", value: t.name, checked: chosen.includes(t.name) });
+    const given = chosen.find((c) => c.split(":")[0] === t.name);
+    const box = h("input", { type: "checkbox", value: t.name, checked: given !== undefined });
     const axis = h("select", { "aria-label": `mesh axis of template ${t.name}` });
-    return { t, box, axis };
+    return { t, box, axis, wanted: given?.split(":")[1] ?? "" };
   });
   const line = errorLine("templates");
   const warning = h("p", { class: "warning", role: "status", id: "templates-warning", hidden: true });
@@ -149,7 +151,7 @@ function templatePicker(templates, chosen) {
     field: f, items, element,
     setAxes(axes) {
       for (const { t, axis } of items) {
-        const keep = axis.value;
+        const keep = axis.value || items.find((i) => i.axis === axis).wanted;
         axis.replaceChildren(h("option", { value: "" }, `default (${t.default_axis})`),
           ...axes.map((a) => h("option", { value: a }, a)));
         axis.value = axes.includes(keep) ? keep : "";
@@ -203,6 +205,33 @@ function passPicker(passes) {
   return { field: f, element, value };
 }
 
+// -- the strategy's automatic name ----------------------------------------------------------
+
+/** A readable name for an unnamed strategy: "dp=8,tp=8 dp+megatron_tp", with what else it
+ * sets ("recompute full", "pipeline 1f1b"). */
+export function autoName(def) {
+  const o = def.options ?? {};
+  return [def.mesh, def.templates.join("+"), o.recompute ? `recompute ${o.recompute}` : "",
+    o.pipeline ? `pipeline ${o.pipeline.schedule}${o.pipeline.microbatches
+      ? ` ×${o.pipeline.microbatches}` : ""}` : "",
+    def.annotations.length ? `+${def.annotations.length} annotations` : ""]
+    .filter(Boolean).join(" ").slice(0, 180);
+}
+
+/** Create the strategy under its automatic name; when the team has one of that name, the
+ * next free "(2)", "(3)", ... */
+async function autoNamed(def) {
+  const base = autoName(def);
+  for (let n = 1; ; n += 1) {
+    try {
+      return await api("/api/strategies", { method: "POST",
+        body: { name: n === 1 ? base : `${base} (${n})`, ...def } });
+    } catch (err) {
+      if (!(err instanceof ApiError && err.code === "conflict" && n < 50)) throw err;
+    }
+  }
+}
+
 // -- the view -------------------------------------------------------------------------------
 
 function clusterText(c) {
@@ -239,17 +268,22 @@ export async function render(root, ctx) {
   const pass = passPicker(passes);
   const recompute = recomputePicker(q.get("recompute"));
   const pipeline = pipelinePicker(q);
+  const batchSeq = modelSizePicker(q, models);
+  model.addEventListener("change", () => batchSeq.showModel(model.value));
+  batchSeq.showModel(model.value);
   const hint = h("p", { class: "muted", id: uid("annotations-hint") },
     "One per line: ", h("code", {}, "glob=S(0)R"), " (one placement per mesh axis) or ",
     h("code", {}, "glob=dp:S(0),tp:R"), " (named axes), e.g. ", h("code", {}, "w0=S(1)"),
     ". Applied after the templates; the later wins.");
   const annotations = h("textarea", { rows: 4, cols: 50, spellcheck: "false",
     "aria-describedby": hint.id, placeholder: "layers.*.mlp.up_proj.weight=tp:S(1)" });
+  annotations.value = q.get("annotations") ?? "";
   const name = h("input", { size: 40, autocomplete: "off", placeholder: "automatic" });
   const fields = {
     model: field("model", model), cluster: field("cluster", cluster), mesh: mesh.field,
     templates: tpl.field, annotations: field("annotations", annotations), passes: pass.field,
     recompute: recompute.field, pipeline: pipeline.field, name: field("strategy-name", name),
+    size: batchSeq.field,
   };
   const banner = h("div");
   const submit = h("button", { type: "submit" }, "Create plan");
@@ -313,10 +347,10 @@ export async function render(root, ctx) {
     let made;
     if (last && given && given === last.name) {
       made = await api(`/api/strategies/${last.id}`, { method: "PUT", body: def });
+    } else if (given) {
+      made = await api("/api/strategies", { method: "POST", body: { name: given, ...def } });
     } else {
-      const stamp = new Date().toISOString().replace("T", " ").replace("Z", "");
-      const auto = `${def.mesh}${def.templates.length ? ` ${def.templates.join("+")}` : ""} @ ${stamp}`;
-      made = await api("/api/strategies", { method: "POST", body: { name: given || auto, ...def } });
+      made = await autoNamed(def);
     }
     last = { key, id: made.id, name: made.name };
     return made.id;
@@ -396,11 +430,21 @@ export async function render(root, ctx) {
     const def = { mesh: mesh.text(), templates: tpl.value(), annotations: lines, options };
     submit.disabled = true;
     try {
+      let modelId;
+      try {
+        modelId = await batchSeq.resolve(Number(model.value));
+      } catch (err) {
+        if (!(err instanceof ApiError)) throw err;
+        showError(err, "size", fields, banner);
+        return;
+      }
       const strategy = await strategyId(def);
       const created = await api("/api/plans", { method: "POST", body: {
-        model_id: Number(model.value), strategy_id: strategy, cluster: cluster.value.trim() || null } });
+        model_id: modelId, strategy_id: strategy, cluster: cluster.value.trim() || null } });
+      const extra = batchSeq.value();
       ctx.setQuery({ model: model.value, cluster: cluster.value.trim(), mesh: def.mesh,
-        recompute: recompute.value() === "none" ? "" : recompute.value() });
+        recompute: recompute.value() === "none" ? "" : recompute.value(),
+        batch: extra.batch, seq: extra.seq });
       await follow(created);
     } catch (err) {
       if (!(err instanceof ApiError)) throw err;
@@ -412,6 +456,7 @@ export async function render(root, ctx) {
 
   root.append(h("form", { class: "card", novalidate: true, onsubmit: onSubmit, "aria-label": "new plan" },
     labelled("Model", model, fields.model.line),
+    batchSeq.element,
     labelled("Cluster", cluster, clusterList, " ", devices, fields.cluster.line),
     h("fieldset", {}, h("legend", {}, "Mesh axes"), mesh.element, meshStatus, mesh.field.line),
     tpl.element,

@@ -7,11 +7,18 @@
 // several ranks: "R" marker) show the same colour; partial values (Partial placements: the
 // block must be reduced over the rank's partial group) are hatched with a "P(op)" marker.
 // Hovering, focusing or clicking a cell shows the rank's local shape and index ranges in the
-// side box. URL state: `value`, `rank`.
+// side box. The rank label and the markers have slots of their own, measured so they never
+// overlap; a mesh of more than 16 ranks offers a compact mode, a heat map of the block index
+// by rank (sharding_heat.js). URL state: `value`, `rank`, `compact`.
 import { api } from "../api.js";
+import { s, textWidth } from "../svg.js";
 import { errorBox, fmtInt, h, planTabs } from "../ui.js";
+import { heatGrid, heatLegend } from "./sharding_heat.js";
 
-const SVG_NS = "http://www.w3.org/2000/svg";
+const LABEL_FONT = "12px system-ui, sans-serif";
+const MARKER_FONT = "600 11px system-ui, sans-serif";
+/** Meshes of more ranks than this offer the compact heat map. */
+const COMPACT_OVER = 16;
 const PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2",
   "#eeca3b", "#9d755d", "#ff9da6", "#bab0ac"];
 
@@ -37,6 +44,14 @@ const STYLE = `
 .sh-block { stroke: #1d2330; stroke-width: .8; }
 .sh-marker { font: 600 11px system-ui, sans-serif; }
 .sh-label { font: 12px system-ui, sans-serif; fill: #1d2330; }
+.sh-heat { stroke: #fff; stroke-width: 1; }
+.sh-heat-cell[data-kind=partial] .sh-heat { stroke: #b3261e; stroke-width: 2; }
+.sh-heat-cell:hover .sh-heat, .sh-heat-cell.sh-peer .sh-heat { stroke: #1d2330; stroke-width: 2; }
+.sh-heat-cell.sh-selected .sh-heat { stroke: #f0a020; stroke-width: 3; }
+.sh-heat-cell:focus-visible .sh-heat { stroke: #f0a020; stroke-width: 3; }
+.sh-heat-text { font: 600 11px system-ui, sans-serif; pointer-events: none; }
+.sh-heat-scale { display: inline-block; width: 8rem; height: .8rem; vertical-align: middle;
+  border: 1px solid #b9c0cf; }
 .sh-axis { font: 600 12px system-ui, sans-serif; fill: #2f5fd0; }
 .sh-legend { display: flex; flex-wrap: wrap; gap: .4rem 1.4rem; margin: .6rem 0;
   list-style: none; padding: 0; }
@@ -46,21 +61,6 @@ const STYLE = `
 #rank-detail dd { margin: 0; }
 #rank-detail table { margin-top: .4rem; }
 `;
-
-/** An SVG element: s("rect", {x: 1}, child, ...). */
-function s(tag, attrs = {}, ...children) {
-  const el = document.createElementNS(SVG_NS, tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === null || value === undefined) continue;
-    if (key === "class") el.setAttribute("class", value);
-    else el.setAttribute(key, String(value));
-  }
-  for (const child of children.flat()) {
-    if (child === null || child === undefined) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return el;
-}
 
 const fmtShape = (shape) => (shape.length ? shape.map(fmtInt).join(" × ") : "scalar");
 const fmtRange = ([start, stop]) => `[${fmtInt(start)}, ${fmtInt(stop)})`;
@@ -106,15 +106,45 @@ function hatchPatterns() {
     s("rect", { width: 3.5, height: 7, fill: colour })))));
 }
 
-/** The cell of one rank: frame, label, the tensor outline, its block, and the marker. */
-function rankCell(blocks, r, size, colour, dims, x, y) {
-  const mesh = blocks.mesh;
+/** A rank's markers: "P(sum)" for a partial value, "R" for a replicated block. */
+function markerText(r) {
+  return [r.partial.length ? partialText(r.partial) : null, r.replica_group.length > 1 ? "R" : null]
+    .filter(Boolean).join(" ");
+}
+
+/** A rank's block in words (its cell's accessible name and tooltip). */
+function rankText(blocks, r) {
+  return `rank ${r.rank} (${coordText(blocks.mesh, r.coord)}): local shape `
+    + `${fmtShape(r.local_shape)}, ${r.ranges.map((rg, d) => `dim ${d} ${fmtRange(rg)}`).join(", ")}`
+    + `${r.partial.length ? `, partial ${partialText(r.partial)} over ${r.partial.map((p) => p.axis).join(", ")}` : ""}`
+    + `${r.replica_group.length > 1 ? `, replicated on ranks ${fmtRanks(r.replica_group)}` : ""}`;
+}
+
+/** Whether the markers of cells `size` wide need a row of their own under the rank labels:
+ * when a label and its markers, as measured, do not fit side by side in some cell. */
+function markersBelow(blocks, size) {
+  const room = size - 16;
+  return blocks.ranks.some((r) => {
+    const marker = markerText(r);
+    return marker && textWidth(`rank ${r.rank}`, LABEL_FONT) + 8
+      + textWidth(marker, MARKER_FONT) > room;
+  });
+}
+
+/** A text's attributes squeezing it into `room` pixels when wider (measured). */
+function squeeze(text, font, room) {
+  return textWidth(text, font) > room ? { textLength: room, lengthAdjust: "spacingAndGlyphs" } : {};
+}
+
+/** The cell of one rank: frame, label, the tensor outline, its block, and the markers
+ * (beside the label, or in a row of their own under it when `below`). */
+function rankCell(blocks, r, size, colour, dims, x, y, below) {
   const partial = r.partial.length > 0;
   const replicated = r.replica_group.length > 1;
   const fill = partial ? `url(#sh-hatch-${colour % PALETTE.length})` : PALETTE[colour % PALETTE.length];
   // the tensor outline: two dims, aspect ratio kept within 1:3 .. 3:1
   const pad = 10;
-  const top = 22;
+  const top = below ? 34 : 22;
   const areaW = size - 2 * pad;
   const areaH = size - top - pad;
   const sizes = dims.map((d) => Math.max(1, blocks.shape[d])); // an empty dim: draw it anyway
@@ -135,12 +165,9 @@ function rankCell(blocks, r, size, colour, dims, x, y) {
   };
   const [bx, bw] = dims.length ? span(dims[dims.length - 1], colsN, w) : [0, w];
   const [by, bh] = dims.length === 2 ? span(dims[0], rowsN, hgt) : [0, hgt];
-  const marker = [partial ? partialText(r.partial) : null, replicated ? "R" : null]
-    .filter(Boolean).join(" ");
-  const label = `rank ${r.rank} (${coordText(mesh, r.coord)}): local shape `
-    + `${fmtShape(r.local_shape)}, ${r.ranges.map((rg, d) => `dim ${d} ${fmtRange(rg)}`).join(", ")}`
-    + `${partial ? `, partial ${partialText(r.partial)} over ${r.partial.map((p) => p.axis).join(", ")}` : ""}`
-    + `${replicated ? `, replicated on ranks ${fmtRanks(r.replica_group)}` : ""}`;
+  const marker = markerText(r);
+  const label = rankText(blocks, r);
+  const room = size - 16;
   return s("g", {
     class: "sh-cell", tabindex: 0, role: "button", "aria-label": label,
     "data-rank": r.rank, "data-kind": partial ? "partial" : replicated ? "replicate" : "shard",
@@ -148,16 +175,18 @@ function rankCell(blocks, r, size, colour, dims, x, y) {
   },
   s("title", {}, label),
   s("rect", { class: "sh-frame", width: size - 4, height: size - 4, x: 2, y: 2, rx: 4 }),
-  s("text", { class: "sh-label", x: 8, y: 16 }, `rank ${r.rank}`),
-  marker ? s("text", { class: "sh-marker", x: size - 8, y: 16, "text-anchor": "end",
-    fill: partial ? "#b3261e" : "#2e7d32", "data-marker": marker }, marker) : null,
+  s("text", { class: "sh-label", x: 8, y: 16, ...squeeze(`rank ${r.rank}`, LABEL_FONT, room) },
+    `rank ${r.rank}`),
+  marker ? s("text", { class: "sh-marker", x: size - 8, y: below ? 29 : 16, "text-anchor": "end",
+    fill: partial ? "#b3261e" : "#2e7d32", "data-marker": marker,
+    ...squeeze(marker, MARKER_FONT, room) }, marker) : null,
   s("rect", { class: "sh-outline", x: ox, y: oy, width: w, height: hgt }),
   s("rect", { class: "sh-block", x: ox + bx, y: oy + by, width: Math.max(bw, 1),
     height: Math.max(bh, 1), fill }));
 }
 
 /** One grid of cells: `rowsAxis` down (or none), `colsAxis` across; `fixed` pins the rest. */
-function gridSvg(blocks, byCoord, colours, dims, rowsAxis, colsAxis, fixed, size) {
+function gridSvg(blocks, byCoord, colours, dims, rowsAxis, colsAxis, fixed, size, below) {
   const mesh = blocks.mesh;
   const axes = mesh.axes;
   const nRows = rowsAxis === null ? 1 : axes[rowsAxis].size;
@@ -190,7 +219,7 @@ function gridSvg(blocks, byCoord, colours, dims, rowsAxis, colsAxis, fixed, size
       coord[colsAxis] = c;
       const r = byCoord.get(coord.join(","));
       svg.append(rankCell(blocks, r, size, colours.get(r.rank), dims, left + c * size,
-        top + rr * size));
+        top + rr * size, below));
     }
   }
   return svg;
@@ -202,19 +231,23 @@ function product(sizes) {
     [[]]);
 }
 
-/** The diagram: one panel (figure) per index of the axes beyond the first two. */
-function diagram(blocks) {
+/** The diagram: one panel (figure) per index of the axes beyond the first two; `compact`:
+ * heat maps of the block index instead of the cells. */
+function diagram(blocks, compact = false) {
   const axes = blocks.mesh.axes;
   const byCoord = new Map(blocks.ranks.map((r) => [r.coord.join(","), r]));
   const colours = blockColours(blocks);
   const dims = drawnDims(blocks);
   const perPanel = axes.length === 1 ? axes[0].size : axes[0].size * axes[1].size;
   const size = perPanel > 32 ? 64 : perPanel > 8 ? 96 : 140;
+  const below = markersBelow(blocks, size);
+  const grid = (rowsAxis, colsAxis, fixed) => (compact
+    ? heatGrid(blocks, byCoord, colours, rowsAxis, colsAxis, fixed, (r) => rankText(blocks, r))
+    : gridSvg(blocks, byCoord, colours, dims, rowsAxis, colsAxis, fixed, size, below));
   const panels = h("div", { class: "sh-panels" });
   if (axes.length === 1) {
     panels.append(h("figure", { class: "sh-panel", "aria-label": blocks.mesh.text },
-      h("figcaption", {}, blocks.mesh.text),
-      gridSvg(blocks, byCoord, colours, dims, null, 0, [0], size)));
+      h("figcaption", {}, blocks.mesh.text), grid(null, 0, [0])));
     return panels;
   }
   const extra = axes.slice(2);
@@ -222,8 +255,7 @@ function diagram(blocks) {
     const title = rest.length
       ? extra.map((a, i) => `${a.name}=${rest[i]}`).join(", ") : blocks.mesh.text;
     panels.append(h("figure", { class: "sh-panel", "aria-label": title },
-      h("figcaption", {}, title),
-      gridSvg(blocks, byCoord, colours, dims, 0, 1, [0, 0, ...rest], size)));
+      h("figcaption", {}, title), grid(0, 1, [0, 0, ...rest])));
   }
   return panels;
 }
@@ -300,7 +332,7 @@ export async function render(root, ctx) {
   const planId = Number(ctx.params.id);
   const search = ctx.query.toString();
   root.append(h("style", {}, STYLE), hatchPatterns(), planTabs(planId, "sharding", search),
-    h("h1", {}, `Plan #${planId} — sharding`));
+    h("h1", {}, `Plan ${planId} · sharding`));
   let listing;
   try {
     listing = await api(`/api/plans/${planId}/values`);
@@ -316,6 +348,9 @@ export async function render(root, ctx) {
     h("option", { value: v.name }, `${v.spec} · ${v.dtype}[${v.shape.join(", ")}]`)));
   const fieldError = h("p", { class: "field-error", id: "sharding-value-error", role: "alert" });
   const show = h("button", { type: "button" }, "Show");
+  let compact = ctx.query.get("compact") === "1";
+  const compactToggle = h("button", { type: "button", class: "secondary", hidden: true,
+    "aria-pressed": String(compact), id: "sharding-compact" }, "Compact: heat map of block index");
   const main = h("div", { "aria-live": "polite" });
   const side = h("aside", { class: "panel", id: "rank-detail", "aria-live": "polite",
     "aria-label": "rank detail" }, h("p", { class: "muted" },
@@ -323,7 +358,7 @@ export async function render(root, ctx) {
   root.append(
     h("div", { class: "sh-controls" },
       h("div", {}, h("label", { for: "sharding-value" }, "Value"), input, datalist),
-      show),
+      show, compactToggle),
     fieldError, legend(),
     h("div", { class: "sh-layout" }, main, side));
 
@@ -368,7 +403,18 @@ export async function render(root, ctx) {
     if (ticket !== loaded || ctx.signal.aborted) return;
     current = blocks;
     ctx.setQuery({ value: name });
-    main.replaceChildren(facts(blocks), diagram(blocks));
+    draw(blocks, rank ?? selected);
+  }
+
+  /** Draw `blocks` (cells, or the heat map when compact and large) and select `keep`. */
+  function draw(blocks, keep) {
+    const large = blocks.ranks.length > COMPACT_OVER;
+    compactToggle.hidden = !large;
+    compactToggle.setAttribute("aria-pressed", String(compact));
+    const heat = compact && large;
+    main.replaceChildren(facts(blocks),
+      ...(heat ? [heatLegend(new Set(blockColours(blocks).values()).size)] : []),
+      diagram(blocks, heat));
     for (const cell of main.querySelectorAll(".sh-cell")) {
       const n = Number(cell.dataset.rank);
       cell.addEventListener("mouseenter", () => select(n));
@@ -387,7 +433,6 @@ export async function render(root, ctx) {
         }
       });
     }
-    const keep = rank ?? selected;
     if (keep !== null && blocks.ranks.some((x) => x.rank === keep)) select(keep);
     else {
       selected = null;
@@ -397,6 +442,11 @@ export async function render(root, ctx) {
     }
   }
 
+  compactToggle.addEventListener("click", () => {
+    compact = !compact;
+    ctx.setQuery({ compact: compact ? 1 : null });
+    if (current) draw(current, selected);
+  });
   const go = () => load(input.value.trim(), null);
   input.addEventListener("change", go);
   show.addEventListener("click", go);

@@ -2,7 +2,8 @@
 // moment of the schedule (model states of its layers, the activations of the micro-batches
 // in flight, one unit's temporaries) as a stacked bar against the device's capacity.
 // The figures come from the plan's summary (`pipeline.stages[].memory`).
-import { CATEGORY_COLORS, fmtBytes, h, plotly } from "../ui.js";
+import { binaryTicks, CATEGORY_COLORS, fmtBytes, h, plotly } from "../ui.js";
+import { whatIf } from "./memory_whatif.js";
 
 const PARTS = [
   ["parameters", (m) => m.model_state_bytes.parameters || 0],
@@ -12,8 +13,8 @@ const PARTS = [
   ["buffers", (m) => m.temporaries_bytes],
 ];
 
-/** Render pipeline `p` (a plan summary's `pipeline`) into `body`. */
-export async function renderStageMemory(body, p, ctx) {
+/** Render pipeline `p` (a plan summary's `pipeline`) of `plan` into `body`. */
+export async function renderStageMemory(body, p, ctx, plan) {
   const Plotly = await plotly();
   if (ctx.signal.aborted) return;
   const stages = p.stages.filter((s) => s.memory);
@@ -38,7 +39,10 @@ export async function renderStageMemory(body, p, ctx) {
       + `${fmtBytes(capacity)}: the worst needs ${fmtBytes(peak)}.`)
     : h("p", { class: "fits status-succeeded" }, `Every stage fits: the worst needs `
       + `${fmtBytes(peak)} of ${fmtBytes(capacity)}.`);
-  body.replaceChildren(verdict, h("p", { class: "muted" },
+  const fixes = over.length ? await whatIf(plan, `The worst stage needs ${fmtBytes(peak)} of `
+    + `${fmtBytes(capacity)}: it does not fit.`, p.microbatches) : null;
+  if (ctx.signal.aborted) return;
+  body.replaceChildren(verdict, ...(fixes ? [fixes] : []), h("p", { class: "muted" },
     "Per stage, one rank at the worst moment of the schedule: its layers' model states, the "
     + "activations each micro-batch in flight keeps for its backward (1F1B holds p - s on "
     + "stage s), and one unit's temporaries. Bytes in GiB (binary units)."), plot);
@@ -46,13 +50,13 @@ export async function renderStageMemory(body, p, ctx) {
   // bars would not show), the capacity named above the scale
   const near = peak >= capacity / 5;
   const top = near ? Math.max(peak, capacity) * 1.08 : peak * 1.15;
-  const ticks = [0, 1, 2, 3, 4].map((k) => (top / 1.08) * (k / 4));
+  const ticks = binaryTicks(top);
   await Plotly.react(plot, traces, {
     barmode: "stack",
     height: 380,
     margin: { l: 80, r: 20, t: 30, b: 40 },
-    yaxis: { title: { text: "bytes per rank (GiB = 2^30)" }, range: [0, top],
-      tickvals: ticks, ticktext: ticks.map(fmtBytes) },
+    yaxis: { title: { text: `bytes per rank (${ticks.title})` }, range: [0, top],
+      tickvals: ticks.tickvals, ticktext: ticks.ticktext },
     legend: { orientation: "h", y: 1.12, x: 0 },
     shapes: near ? [{ type: "line", xref: "paper", x0: 0, x1: 1, yref: "y", y0: capacity,
       y1: capacity, line: { color: "#b3261e", width: 2, dash: "dash" } }] : [],

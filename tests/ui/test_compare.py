@@ -105,3 +105,41 @@ def test_a_plan_against_itself_is_refused_next_to_plan_b(
     expect(plan_b).to_have_attribute("aria-invalid", "true")
     expect(error_of(page, plan_b)).to_contain_text("compare two different plans")
     expect(page.get_by_role("table", name="headline")).to_have_count(0)
+
+
+def test_contents_and_readable_strategy_names(
+    page: Page, plans: tuple[dict[str, Any], ...]
+) -> None:
+    a, b = plans
+    page.goto(f"/#/compare?a={a['id']}&b={b['id']}")
+    toc = page.get_by_role("navigation", name="comparison contents")
+    expect(toc).to_be_visible(timeout=60_000)
+    names = toc.get_by_role("link").all_text_contents()
+    assert names[0] == "Headline" and "Placements that differ" in names, names
+    # each link scrolls to its section; the URL (the router's hash) stays
+    url = page.url
+    toc.get_by_role("link", name="Placements that differ").click()
+    section = page.get_by_role("region", name=re.compile("^Placements that differ"))
+    expect(section).to_be_in_viewport()
+    assert page.url == url
+    expect(toc).to_be_in_viewport()  # it stays at the top
+    toc.get_by_role("link", name="Headline").click()
+    expect(page.get_by_role("region", name="Headline")).to_be_in_viewport()
+    for link in toc.get_by_role("link").all():
+        target = link.get_attribute("href") or ""
+        assert page.locator(target).count() == 1, target
+
+    # strategies auto-named with a time stamp by older forms read as mesh and templates
+    shown = page.evaluate(
+        """async () => {
+        const { strategyText } = await import("/views/compare.js");
+        return [
+            strategyText({name: "dp=8,tp=8 dp+megatron_tp @ 2026-11-20 10:31:07.412",
+                          mesh: "dp=8,tp=8", templates: ["dp", "megatron_tp"], version: 1}),
+            strategyText({name: "mine", mesh: "dp=2", templates: ["dp"], version: 3}),
+        ];
+    }"""
+    )
+    assert shown == ["dp=8,tp=8 dp+megatron_tp", "mine v3"]
+    options = page.get_by_label("Plan A (baseline)").locator("option").all_text_contents()
+    assert not any(re.search(r" @ \d{4}-", o) for o in options), options

@@ -50,9 +50,39 @@ def test_create_from_preset_with_an_override(page: Page, server: Server) -> None
     expect(row).to_contain_text("layers=2")
     expect(row).to_have_attribute("aria-current", "true")
     screenshot(page, "models")
-    # the summary opens in place
-    row.get_by_text("models-llama-2l").click()
-    expect(row.locator("dl")).to_contain_text(f"{detail['summary']['flops_forward']:,}")
+    # the summary opens in the row under the model's, the columns keeping their widths
+    table = page.get_by_role("table", name="models")
+    widths = table.locator("thead th").evaluate_all(
+        "ths => ths.map(th => th.getBoundingClientRect().width)"
+    )
+    row.get_by_role("button", name="models-llama-2l").click()
+    expect(row.get_by_role("button", name="models-llama-2l")).to_have_attribute(
+        "aria-expanded", "true"
+    )
+    below = table.locator(f'tr[data-detail-of="{made["id"]}"]')
+    expect(below.locator("dl")).to_contain_text(f"{detail['summary']['flops_forward']:,}")
+    after = table.locator("thead th").evaluate_all(
+        "ths => ths.map(th => th.getBoundingClientRect().width)"
+    )
+    assert all(abs(x - y) <= 1 for x, y in zip(widths, after, strict=True)), (widths, after)
+    # no cell of the row wraps: each is one line high
+    lines = row.locator("td").evaluate_all(
+        """tds => tds.map(td => {
+            const walker = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+            const tops = new Set();
+            for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+                const range = document.createRange();
+                range.selectNodeContents(node);
+                for (const r of range.getClientRects()) {
+                    if (r.width > 0) tops.add(Math.round(r.top));
+                }
+            }
+            return [td.textContent, tops.size, getComputedStyle(td).whiteSpace];
+        })"""
+    )
+    assert all(n <= 1 for _, n, _ in lines), lines
+    row.get_by_role("button", name="models-llama-2l").click()
+    expect(below).to_be_hidden()
 
 
 def test_bad_overrides_are_shown_next_to_the_overrides_field(page: Page, server: Server) -> None:

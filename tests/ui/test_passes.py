@@ -57,3 +57,27 @@ def test_passes_lists_the_stages_and_compares_two(
     expect(page.get_by_role("table", name="figures before and after")).to_contain_text(
         f"After: {stages[1]['name']}"
     )
+
+
+def test_a_zero_delta_is_neutral(page: Page, built_plan: dict[str, Any]) -> None:
+    """Deltas are coloured by sign: zero (or one too small to show) is neither better nor
+    worse."""
+    page.goto(f"/#/plans/{built_plan['id']}/passes")
+    expect(page.locator("#compare-figures")).to_be_visible()
+    classes = page.evaluate(
+        """async () => {
+        const { delta } = await import("/views/passes.js");
+        const { fmtTime } = await import("/ui.js");
+        return [0, 1e-13, -1e-13, 2e-6, -2e-6].map((v) => [delta(v, fmtTime).className,
+                                                          delta(v, fmtTime).textContent]);
+    }"""
+    )
+    assert classes[0] == ["delta-neutral muted", "±0"]
+    assert classes[1][0] == classes[2][0] == "delta-neutral muted"
+    assert classes[3] == ["delta-worse", "+2.0 µs"]
+    assert classes[4] == ["delta-better", "−2.0 µs"]
+    # in the page, no zero-width delta is coloured as a regression
+    for cell in page.locator("#compare-figures td span").all():
+        text = cell.text_content() or ""
+        if re.fullmatch(r"[+−]0(\.0+)? ?\S*", text):
+            raise AssertionError(f"a zero delta shown as {text!r}")

@@ -87,6 +87,8 @@ def test_a_plan_from_the_form_is_built_live(page: Page, server: Server) -> None:
     strategy = server.api("GET", f"/api/strategies/{plan['strategy_id']}")
     assert strategy["mesh"] == "dp=2,tp=2"
     assert strategy["templates"] == ["dp", "megatron_tp"] and strategy["annotations"] == []
+    # named readably: mesh and templates, no time stamp
+    assert re.fullmatch(r"dp=2,tp=2 dp\+megatron_tp( \(\d+\))?", strategy["name"]), strategy
     expect(page.locator("#view")).to_contain_text("succeeded")
 
 
@@ -198,3 +200,32 @@ def test_recomputation_and_a_pipeline_from_the_form(page: Page, server: Server) 
     expect(table.locator("tbody tr")).to_have_count(2)
     expect(table.locator("tbody tr").first).to_contain_text("(2)")  # 2 micro-batches in flight
     expect(page.get_by_role("region", name="pipeline")).to_contain_text("bubble")
+
+
+def test_batch_and_sequence_length_make_the_model(page: Page, server: Server) -> None:
+    tiny = model_id(server, "plan-new-tiny", "llama3-8b", TINY_LLAMA)
+    page.goto("/#/plans/new")
+    fill(page, tiny, "h100-sxm-1x4", [("dp", 2), ("tp", 2)], ("dp", "megatron_tp"))
+    batch = page.get_by_label("Batch size (sequences per step)")
+    seq = page.get_by_label("Sequence length (tokens)")
+    expect(batch).to_have_attribute("placeholder", f"model: {TINY_LLAMA['batch']}")
+    expect(seq).to_have_attribute("placeholder", f"model: {TINY_LLAMA['seq']}")
+    batch.fill("16")
+    seq.fill("512")
+    page.get_by_role("button", name="Create plan").click()
+    expect(page).to_have_url(re.compile(r"#/plans/\d+$"), timeout=60_000)
+    plan = server.api("GET", f"/api/plans/{int(page.url.rsplit('/', 1)[1])}")
+    model = server.api("GET", f"/api/models/{plan['model_id']}")
+    assert model["overrides"] == {**TINY_LLAMA, "batch": 16, "seq": 512}, model
+    assert model["summary"]["config"]["batch"] == 16 and model["summary"]["config"]["seq"] == 512
+    assert plan["model_id"] != tiny
+
+    # the same values again reuse that model; a bad one is shown at the fields
+    page.goto(f"/#/plans/new?model={tiny}&mesh=dp=4&templates=dp&batch=16&seq=512")
+    expect(page.get_by_label("Batch size (sequences per step)")).to_have_value("16")
+    expect(page.get_by_label("dp", exact=True)).to_be_checked()
+    page.get_by_label("Sequence length (tokens)").fill("0")
+    page.get_by_role("button", name="Create plan").click()
+    bad = page.get_by_label("Sequence length (tokens)")
+    expect(bad).to_have_attribute("aria-invalid", "true")
+    expect(error_of(page, bad)).to_contain_text("seq")

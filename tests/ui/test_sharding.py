@@ -3,6 +3,7 @@ and partial markers, permalinks, one panel per index of a third mesh axis."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from playwright.sync_api import Page, expect
@@ -122,3 +123,76 @@ def test_three_axis_mesh_has_a_panel_per_slice(page: Page, server: Server) -> No
     page.locator('.sh-cell[data-rank="5"]').hover()
     expect(page.locator("[data-field=coord]")).to_have_text("dp=1, tp=0, sp=1")
     expect(page.locator("[data-field=replicas]")).to_contain_text("ranks 0, 1, 4, 5")
+
+
+#: a tiny llama whose heads split 8 ways
+TINY_8_HEADS = {**TINY_LLAMA, "heads": 8, "kv_heads": 8}
+
+#: per cell, the boxes of its label and markers, and of its frame (page coordinates)
+BOXES = """() => [...document.querySelectorAll('.sh-cell')].map((cell) => {
+    const box = (el) => { const r = el.getBoundingClientRect();
+                          return [r.left, r.top, r.right, r.bottom]; };
+    return { rank: cell.dataset.rank, frame: box(cell.querySelector('.sh-frame')),
+             texts: [...cell.querySelectorAll('.sh-label, .sh-marker')].map(box) };
+})"""
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_an_8x8_mesh_labels_never_collide_and_has_a_heat_map(page: Page, server: Server) -> None:
+    strategy = {"name": "ui-8x8", "mesh": "dp=8,tp=8", "templates": ["dp", "megatron_tp"]}
+    plan = create_plan(server, "ui-tiny-8-heads", strategy, "h100-sxm-8x8", TINY_8_HEADS)
+    page.goto(f"/#/plans/{plan['id']}/sharding?value={DOWN}")
+    expect(page.locator(".sh-cell")).to_have_count(64)
+    expect(page.locator("[data-marker=R]")).to_have_count(64)
+    cells = page.evaluate(BOXES)
+    assert len(cells) == 64
+    for cell in cells:
+        texts = cell["texts"]
+        assert len(texts) == 2, cell
+        for i, a in enumerate(texts):
+            # inside the cell's frame, and clear of every other label of the cell
+            f = cell["frame"]
+            assert f[0] <= a[0] and a[2] <= f[2] and f[1] <= a[1] and a[3] <= f[3], cell
+            for b in texts[i + 1 :]:
+                assert not _overlap(a, b), cell
+    screenshot(page, "sharding_8x8")
+
+    # more than 16 ranks: the compact mode, a heat map of the block index by rank
+    toggle = page.get_by_role("button", name="Compact: heat map of block index")
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-pressed", "true")
+    heat = page.locator(".sh-heatmap")
+    expect(heat).to_be_visible()
+    expect(heat.locator(".sh-heat-cell")).to_have_count(64)
+    assert "compact=1" in page.url
+    blocks = server.api("GET", f"/api/plans/{plan['id']}/blocks/{DOWN}")
+    distinct = {json.dumps(r["ranges"]) for r in blocks["ranks"]}
+    numbers = {c.get_attribute("data-block") for c in heat.locator(".sh-heat-cell").all()}
+    assert len(numbers) == len(distinct) == 8  # split over tp, replicated over dp
+    # replicas (same tp index, any dp) share the block's number
+    assert heat.locator('[data-rank="1"]').get_attribute("data-block") == heat.locator(
+        '[data-rank="9"]'
+    ).get_attribute("data-block")
+    expect(page.locator(".sh-heat-legend")).to_contain_text("8 distinct blocks")
+    heat.locator('[data-rank="10"]').hover()
+    expect(page.locator("#rank-detail h2")).to_have_text("Rank 10")
+    screenshot(page, "sharding_heat")
+
+    # the permalink keeps the mode; toggling back draws the cells
+    page.goto(f"/#/plans/{plan['id']}/sharding?value={DOWN}&compact=1")
+    expect(page.locator(".sh-heatmap")).to_be_visible()
+    page.get_by_role("button", name="Compact: heat map of block index").click()
+    expect(page.locator(".sh-heatmap")).to_have_count(0)
+    expect(page.locator(".sh-frame")).to_have_count(64)
+    expect(page.locator("#view")).not_to_contain_text("null")
+
+
+def test_a_small_mesh_has_no_compact_mode(page: Page, built_plan: dict[str, Any]) -> None:
+    page.goto(f"/#/plans/{built_plan['id']}/sharding?value={DOWN}&compact=1")
+    expect(page.locator(".sh-cell")).to_have_count(4)
+    expect(page.locator(".sh-heatmap")).to_have_count(0)
+    expect(page.get_by_role("button", name="Compact: heat map of block index")).to_be_hidden()
