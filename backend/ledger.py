@@ -15,11 +15,12 @@ its oldest job first, so one team's long queue cannot hold another team's job fo
 one of its jobs per free worker. A team running its `max_running_jobs` is skipped; creating
 a job beyond a team's `max_queued_jobs` is a 429.
 
-Workers own devices: a job may require some (`requires_device`, `requires_nproc`: a
-torch-backend verification's ranks on CPU or CUDA), and a worker claims only the jobs its
-`Devices` can serve (`backend/devices.can_serve`, here as SQL in `_servable`); a worker that
-names no devices claims only jobs that require none. Queued jobs no worker can serve are
-flagged, then failed, by `backend/workers.sweep_unservable` (`give_up_unservable`).
+Workers own devices: a job may require some (`requires_device`, `requires_nproc`: the
+ranks on CPU or CUDA of a torch-backend verification or of a measurement), and a worker
+claims only the jobs its `Devices` can serve (`backend/devices.can_serve`, here as SQL in
+`_servable`); a worker that names no devices claims only jobs that require none. Queued
+jobs no worker can serve are flagged, then failed, by `backend/workers.sweep_unservable`
+(`give_up_unservable`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from backend.tenancy import team_limits
 #: Job states; the last four are final.
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out")
 FINAL = frozenset(STATES[2:])
-KINDS = ("plan", "verify", "compare", "search")
+KINDS = ("plan", "verify", "compare", "search", "measure")
 
 #: the Retry-After of a 429 `too_many_jobs` (seconds)
 QUEUE_RETRY_S = 30

@@ -23,29 +23,34 @@ from backend.settings import Settings
 from shardlab.strategy import Strategy
 
 
-def _refuse(field: str, message: str, **detail: Any) -> ApiError:
-    return ApiError(422, "invalid_verification", f"{field}: {message}", field=field, **detail)
+def _refuse(
+    field: str, message: str, code: str = "invalid_verification", **detail: Any
+) -> ApiError:
+    return ApiError(422, code, f"{field}: {message}", field=field, **detail)
 
 
-def run_on(strategy: Strategy, asked: VerifyOn, prefix: str = "") -> RunOn:
-    """Where the verification of a plan under `strategy` runs, as `asked`; a 422 naming the
-    field (`prefix` + `nproc`, `device`, `backend`) when it cannot run so."""
+def run_on(
+    strategy: Strategy, asked: VerifyOn, prefix: str = "", code: str = "invalid_verification"
+) -> RunOn:
+    """Where the verification of a plan under `strategy` runs, as `asked`; a 422 `code`
+    naming the field (`prefix` + `nproc`, `device`, `backend`) when it cannot run so
+    (measurements share the rule: `backend/measuring.py`)."""
     size = strategy.mesh.size
     if asked.backend == "simulated":
         if asked.nproc is not None:
             raise _refuse(prefix + "nproc", "only backend 'torch' runs one process per rank; "
                           "the simulated backend runs every rank in one process",
-                          nproc=asked.nproc)  # fmt: skip
+                          code, nproc=asked.nproc)  # fmt: skip
         if asked.device is not None:
             raise _refuse(prefix + "device", f"device {asked.device!r} needs backend 'torch' "
                           "(the simulated backend runs numpy on the CPU)",
-                          device=asked.device)  # fmt: skip
+                          code, device=asked.device)  # fmt: skip
         return RunOn()
     nproc = size if asked.nproc is None else asked.nproc
     if nproc != size:
         raise _refuse(prefix + "nproc", f"{nproc} processes asked for, but the plan's mesh "
                       f"{strategy.mesh} has {size} ranks and runs one process per rank",
-                      nproc=nproc, mesh_size=size)  # fmt: skip
+                      code, nproc=nproc, mesh_size=size)  # fmt: skip
     return RunOn("torch", nproc, asked.device or "cpu")
 
 

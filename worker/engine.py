@@ -10,6 +10,8 @@ Every function takes the job's inputs as plain JSON-able data (see `worker.input
   representative rank, see `timelines_json`) and `memory` (per stage: the memory profile,
   see `memory_json`).
 - `run_verify`: `{"report": {...}}` (VerifyReport as JSON), on the inputs' `backend`.
+- `run_measure`: `{"measured": {...}, "trace": Chrome trace}`, the plan's step timed on
+  torch ranks against its prediction (`worker/measure.py`).
 - `run_compare`: `{"comparison": Comparison.to_json()}`.
 - `run_search`: `{"search": SearchResult.to_json()}`.
 """
@@ -292,6 +294,13 @@ def run_verify(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     return {"report": report.to_json()}
 
 
+def run_measure(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """The plan's step timed on torch ranks against its prediction (`worker.measure`)."""
+    from worker.measure import measure_plan
+
+    return measure_plan(inputs, progress)
+
+
 def run_compare(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Build plans A and B and compare them (deltas are B - A)."""
     from shardlab.comparison import compare
@@ -330,4 +339,5 @@ RUNNERS: dict[str, Callable[[dict[str, Any], Progress], dict[str, Any]]] = {
     "verify": run_verify,
     "compare": run_compare,
     "search": run_search,
+    "measure": run_measure,
 }

@@ -1,13 +1,16 @@
 """The database side of each job kind: load its inputs, store its outcome.
 
 A job's payload names its resource row (`{"plan_id", "cluster"}`, `{"verification_id"}`,
-`{"comparison_id"}`, `{"search_id", "cluster"}`); plan and search jobs also hold the cluster
-spec resolved when they were created (or None). Inputs handed to the engine are plain data:
+`{"comparison_id"}`, `{"search_id", "cluster"}`, `{"plan_id", "steps", "nproc", "device"}`);
+plan and search jobs also hold the cluster spec resolved when they were created (or None).
+Inputs handed to the engine are plain data:
 
     plan:    {"graph": graph JSON, "strategy": {mesh, templates, annotations, options},
               "cluster": cluster JSON | None, "label": str}
     verify:  the plan inputs + {"compute_dtype", "backend", "nproc", "device"} (where it
              runs: `backend/verifying.py`; simulated unless the payload says otherwise)
+    measure: the plan inputs + {"steps", "nproc", "device", "backend": "torch"} (its ranks
+             are processes: the worker runs it as it runs a torch-backend verification)
     compare: {"a": plan inputs, "b": plan inputs}
     search:  {"preset", "overrides", "cluster": cluster JSON, "gpus", "global_batch",
               "memory_headroom", "max_tp", "min_dp", "cross_node_tp"}
@@ -74,6 +77,10 @@ def load_inputs(session: Session, job: Job) -> dict[str, Any]:
         return {**plan_inputs(session, plan), "compute_dtype": ver.compute_dtype,
                 **run, "backend": run["backend"] or "simulated",
                 "twin": payload.get("twin", True)}  # fmt: skip
+    if job.kind == "measure":
+        plan = _get(session, Plan, payload.get("plan_id"), "plan")
+        run = {k: payload.get(k) for k in ("steps", "nproc", "device")}
+        return {**plan_inputs(session, plan), **run, "backend": "torch"}
     if job.kind == "compare":
         comp: Comparison = _get(session, Comparison, payload.get("comparison_id"), "comparison")
         a = _get(session, Plan, comp.plan_a_id, "plan")
@@ -137,6 +144,8 @@ def outcome(job: Job, data: dict[str, Any]) -> tuple[Store, dict[str, Any]]:
             ver.report = data["report"]
 
         return store_report, {"verification_id": ver_id, "ok": data["report"]["ok"]}
+    if job.kind == "measure":
+        return _measured(job, data)
     if job.kind == "search":
         search_id = int(payload["search_id"])
 
@@ -158,3 +167,24 @@ def outcome(job: Job, data: dict[str, Any]) -> tuple[Store, dict[str, Any]]:
         comp.result = data["comparison"]
 
     return store_comparison, {"comparison_id": comp_id}
+
+
+def _measured(job: Job, data: dict[str, Any]) -> tuple[Store, dict[str, Any]]:
+    """A measurement's outcome: the plan's `measured` and `measured_trace` artifacts (the
+    latest measurement replaces the one before), and the step's figures as the job's result."""
+    plan_id = int(job.payload["plan_id"])
+    measured = data["measured"]
+
+    def store_measured(session: Session, job: Job) -> None:
+        _get(session, Plan, plan_id, "plan")  # deleted meanwhile: the job fails instead
+        put_artifact(session, job, "plan", plan_id, "measured", measured)
+        put_artifact(session, job, "plan", plan_id, "measured_trace", data["trace"])
+
+    step: dict[str, Any] = next((r for r in measured["rows"] if r["group"] == "step"), {})
+    return store_measured, {
+        "plan_id": plan_id,
+        "artifacts": ["measured", "measured_trace"],
+        "predicted_step_s": step.get("predicted_s"),
+        "measured_step_s": step.get("measured_s"),
+        "error_pct": step.get("error_pct"),
+    }

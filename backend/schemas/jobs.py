@@ -19,7 +19,7 @@ class JobOut(BaseModel):
     """A job of the ledger: its state, progress and outcome (times in ISO 8601, UTC)."""
 
     id: int
-    kind: Literal["plan", "verify", "compare", "search"]
+    kind: Literal["plan", "verify", "compare", "search", "measure"]
     status: JobStatus
     progress: float = Field(description="0..1")
     message: str = Field(description="What the job does now, or how it ended.")
@@ -139,6 +139,29 @@ class VerificationOut(BaseModel):
     error: dict[str, Any] | None
     report: dict[str, Any] | None = Field(description="ok, first_divergence, checks ...")
     created_at: str | None
+
+
+class MeasurementCreate(_Request):
+    """Measure a built, costed plan's step on real torch ranks (one process per rank) and
+    compare it with the cost model's prediction; only a worker with the devices claims it."""
+
+    steps: int = Field(default=5, ge=1, le=20, description="Steps timed (after one warm-up).")
+    nproc: int | None = Field(
+        default=None, ge=1, le=4096, description="Ranks: the plan's mesh size (the default)."
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        default="cpu", description="Where the ranks run (cpu: gloo ranks; cuda: CUDA devices)."
+    )
+
+
+class MeasurementCreated(BaseModel):
+    """A queued measurement: its job (follow it at /api/jobs/{job_id}); once it succeeded the
+    plan's `measured` view holds the result."""
+
+    plan_id: int
+    job_id: int
+    status: JobStatus
+    requires: dict[str, Any] = Field(description="{device, nproc} a worker must have.")
 
 
 class ComparisonCreate(_Request):

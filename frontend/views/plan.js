@@ -68,14 +68,14 @@ async function collectiveList(planId, ctx) {
 }
 
 /** Ranks of a mesh written "dp=2,tp=4" (8). */
-function meshSize(mesh) {
+export function meshSize(mesh) {
   return String(mesh ?? "").split(",").reduce((n, part) => n * (Number(part.split("=")[1]) || 1), 1);
 }
 
 /** Where a torch-backend run of `ranks` ranks could go: "cuda" when a live worker has that
  * many CUDA devices, else "cpu" when one has torch and room for them, else null
  * (`backend/devices.py`'s rule). */
-function realDevice(workers, ranks) {
+export function realDevice(workers, ranks) {
   const torch = workers.filter((w) => w.devices.torch);
   if (torch.some((w) => w.devices.cuda.length >= ranks)) return "cuda";
   if (torch.some((w) => w.devices.max_cpu_ranks >= ranks)) return "cpu";

@@ -3,10 +3,13 @@
 // by op role, exposed communication is outlined in red. Zooming records the window in the URL
 // (t0, t1 in seconds, as the API takes them) and refetches it, so bars the API merged split
 // into single ops as you zoom in. A pipelined plan's timeline is its schedule (schedule.js).
+// A plan measured on real ranks (measured.js) shows its measured op spans as thin bars under
+// the predicted ones of the last stage, and the comparison below the chart.
 import { api, ApiError } from "../api.js";
 import {
   errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, plotly, ranksText, ROLE_COLORS,
 } from "../ui.js";
+import { loadMeasured, measuredScale, measuredSection, measuredTraces } from "./measured.js";
 import { renderSchedule } from "./schedule.js";
 
 const EXPOSED = "#7a0010";
@@ -114,7 +117,7 @@ function layout(data, range) {
     xaxis: {
       title: { text: "time in step (ms)" },
       type: "linear",
-      range,
+      ...(range ? { range } : {}), // no `range: null`: Plotly.react's kept zoom would set into it
       autorange: range ? false : true,
       zeroline: false,
     },
@@ -185,12 +188,17 @@ export async function render(root, ctx) {
   };
 
   let data;
+  let plan;
   try {
-    const plan = await costedPlan(id, body);
+    plan = await costedPlan(id, body);
     if (!plan) return;
     if (plan.summary?.pipeline) { // a pipelined step is its schedule: slots by stage
       title.textContent = `Plan ${id} · timeline (pipeline schedule)`;
       await renderSchedule(body, id, ctx);
+      const [found, live] = await Promise.all([
+        loadMeasured(id).catch(() => null), api("/api/workers").catch(() => [])]);
+      body.append(measuredSection({ planId: id, mesh: plan.summary.mesh, workers: live,
+        measured: found, overlay: false, onChange: () => {} }).element); // the table, no overlay
       return;
     }
     data = await fetchTimeline();
@@ -231,9 +239,32 @@ export async function render(root, ctx) {
   const note = h("div", {});
   const represents = h("p", { class: "muted" });
   const plot = h("div", { id: "timeline-plot", role: "img", "aria-label": "timeline of the step" });
-  body.replaceChildren(controls, figures, represents, note, plot);
+  const [stored, workers] = await Promise.all([
+    loadMeasured(id).catch(() => null), api("/api/workers").catch(() => [])]);
+  let measured = stored;
+  const measuredPart = measuredSection({ planId: id, mesh: plan.summary.mesh, workers, measured,
+    overlay: true,
+    onChange: (m) => {
+      measured = m;
+      if (!ctx.signal.aborted) draw().catch((err) => note.replaceChildren(errorBox(err)));
+    } });
+  body.replaceChildren(controls, figures, represents, note, plot, measuredPart.element);
 
   const range = () => (state.t0 !== null ? [state.t0 * 1e3, state.t1 * 1e3] : null);
+  /** The predicted bars and, on the last stage (the program that ran), the measured ones. */
+  const allTraces = () => {
+    const last = data.stages[data.stages.length - 1];
+    const over = measured !== null && data.stage === last;
+    if (measured !== null && !over) {
+      note.append(h("p", { class: "muted" }, `The measured spans are drawn on the last stage `
+        + `(${last}): the program that ran.`));
+    }
+    if (!over) return traces(data);
+    const predicted = traces(data).map((t) => ({ ...t, legendgroup: "predicted",
+      legendgrouptitle: { text: "predicted" } }));
+    const scale = measuredScale(measured, measuredPart.scaled());
+    return [...predicted, ...measuredTraces(measured, data.ranks.map((r) => r.rank), scale)];
+  };
   let drawing = false;
   const draw = async () => {
     figures.replaceChildren(headline(data));
@@ -245,8 +276,13 @@ export async function render(root, ctx) {
     tabs.replaceChildren(planTabs(id, "timeline", permalink()));
     drawing = true;
     try {
-      await Plotly.react(plot, traces(data), layout(data, range()),
-        { responsive: true, displaylogo: false });
+      const shown = allTraces();
+      const look = layout(data, range());
+      if (shown.some((t) => t.legendgroup === "measured")) { // room for the grouped legend
+        look.margin.t = 160;
+        look.height += 150;
+      }
+      await Plotly.react(plot, shown, look, { responsive: true, displaylogo: false });
     } finally {
       drawing = false;
     }

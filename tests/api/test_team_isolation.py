@@ -29,6 +29,7 @@ BODIES = {
     ("post", "/api/plans/{plan_id}/review/decision"): {"decision": "approve"},
     ("post", "/api/plans/{plan_id}/comments"): {"body": "hello"},
     ("post", "/api/plans/{plan_id}/comments/{thread_id}/resolve"): {"resolved": True},
+    ("post", "/api/plans/{plan_id}/measurements"): {"steps": 1},
     ("put", "/api/admin/teams/{team}/limits"): {"max_running_jobs": 1},
 }
 #: paths only administrators may use (403 for anyone else, whatever the path names)
@@ -53,6 +54,8 @@ def _alpha_resources(client: TestClient, settings: Settings, bob: TestClient) ->
         "model_id": queued["model_id"], "strategy_id": queued["strategy_id"],
         "cluster": "h100-sxm-1x4"}))  # fmt: skip
     assert run_jobs(settings) == 7
+    _created(client.post(f"/api/plans/{plan_a}/measurements", json={"steps": 1}))
+    assert run_jobs(settings) == 1  # on torch ranks: the plan's `measured` views
     plan = client.get(f"/api/plans/{plan_a}").json()
     collective = client.get(f"/api/plans/{plan_a}/collectives").json()[0]["name"]
     thread = _created(bob.post(f"/api/plans/{plan_a}/comments", json={"body": "ok?"}))
