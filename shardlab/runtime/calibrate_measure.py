@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import multiprocessing
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from shardlab.errors import ExecutionError
+from shardlab.runtime.torch_launch import rank_environment, start_method
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: all_reduces of 4 MiB the overlap measurement runs matmuls under
@@ -162,23 +162,14 @@ def measure_all(nproc: int, dtype: str, sizes: Sizes, timeout_s: float = 300.0) 
     with tempfile.TemporaryDirectory(prefix="shardlab-calibrate-") as work:
         plan = {"dtype": dtype, "sizes": asdict(sizes), "timeout_s": timeout_s}
         (Path(work) / "plan.json").write_text(json.dumps(plan))
-        try:
-            tmp.start_processes(_rank_main, args=(nproc, work), nprocs=nproc,
-                                start_method=_start_method())  # fmt: skip
+        try:  # the torch backend's start method and BLAS threads: ranks as measure runs them
+            with rank_environment():
+                tmp.start_processes(_rank_main, args=(nproc, work), nprocs=nproc,
+                                    start_method=start_method())  # fmt: skip
         except Exception as exc:
             raise ExecutionError(f"calibration: a rank process failed: {exc}") from None
         per_rank = [json.loads((Path(work) / f"out{p}.json").read_text()) for p in range(nproc)]
     return _merge(nproc, dtype, per_rank)
-
-
-def _start_method() -> str:
-    """forkserver (imports torch once) where the platform has it, as the torch backend; the
-    same preloads as `runtime.torchdist`, whose later ranks fork from the server started here."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return "spawn"
-    preload = ["torch", "torch.distributed", "shardlab.program", "shardlab.runtime.sharded"]
-    multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
-    return "forkserver"
 
 
 def _merge(nproc: int, dtype: str, per_rank: list[dict[str, Any]]) -> Measurements:

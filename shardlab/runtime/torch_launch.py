@@ -139,19 +139,19 @@ def spawn(
         for p, mine in enumerate(inputs):
             _dump(work / f"in{p}.pkl", mine)
         try:
-            with _rank_environment():
+            with rank_environment():
                 torch.multiprocessing.start_processes(
                     _spawned_rank,
                     args=(n, str(work), timeout_s),
                     nprocs=n,
-                    start_method=_start_method(),
+                    start_method=start_method(),
                 )
         except Exception as exc:  # a rank failed; its own error file says why
             raise _rank_failure(work, ranks or range(n), exc) from None
         return [_load(work / f"out{p}.pkl") for p in range(n)]
 
 
-def _start_method() -> str:
+def start_method() -> str:
     """The start method: "forkserver" where the platform has it, else "spawn".
 
     A forkserver imports torch and shardlab once and forks every rank of every run (a fresh
@@ -167,7 +167,7 @@ def _start_method() -> str:
 
 
 @contextmanager
-def _rank_environment() -> Iterator[None]:
+def rank_environment() -> Iterator[None]:
     """`RANK_THREADS` in this process's environment while ranks (or the forkserver they
     fork from, started with the first run) are started; the caller's values win."""
     added = {k: v for k, v in RANK_THREADS.items() if k not in os.environ}
