@@ -212,9 +212,26 @@ def aggregate(events: list[dict[str, Any]], max_events: int, span: float) -> lis
         width *= 2
 
 
+def _kinds(stage: dict[str, Any], rep: int) -> list[dict[str, Any]]:
+    """Per op kind over the whole step of representative `rep`: its stream(s), op count and
+    busy seconds, largest first (the timeline view's statistics table; merged bars lose
+    their kinds)."""
+    table, cols = stage["op_table"], stage["ranks"][str(rep)]["events"]
+    out: dict[str, dict[str, Any]] = {}
+    for i, start, end in zip(cols["op"], cols["start"], cols["end"], strict=True):
+        kind = table["kind"][i]
+        entry = out.setdefault(kind, {"kind": kind, "streams": [], "count": 0, "busy_s": 0.0})
+        if table["stream"][i] not in entry["streams"]:
+            entry["streams"].append(table["stream"][i])
+        entry["count"] += 1
+        entry["busy_s"] += end - start
+    return sorted(out.values(), key=lambda e: (-e["busy_s"], e["kind"]))
+
+
 def _rank_head(stage: dict[str, Any], rep: int) -> dict[str, Any]:
-    """A representative rank's figures, without its events."""
-    return {"rank": rep, **{k: v for k, v in stage["ranks"][str(rep)].items() if k != "events"}}
+    """A representative rank's figures, without its events, and its busy time per op kind."""
+    head = {k: v for k, v in stage["ranks"][str(rep)].items() if k != "events"}
+    return {"rank": rep, **head, "kinds": _kinds(stage, rep)}
 
 
 @router.get("/{plan_id}/timeline", responses=errors(401, 404, 409, 422))
@@ -233,7 +250,8 @@ def get_timeline(
     max_events: Annotated[int, Query(ge=1, le=100_000)] = MAX_EVENTS,
 ) -> dict[str, Any]:
     """The simulated step of one stage: its representative ranks (`representatives`, each
-    with the ranks it stands for; `ranks`: those shown, one when `rank` is given) and their
+    with the ranks it stands for and its whole step's busy seconds and op count per op kind,
+    `kinds`; `ranks`: those shown, one when `rank` is given) and their
     events that overlap [t0, t1] (default the whole step), each with
     its stream, role, scope, span, bytes, exposed communication seconds and dependencies.
     Over `max_events`, consecutive events of one rank, stream and role merge into bars

@@ -40,31 +40,55 @@ function collectivesByKind(summary) {
       h("td", {}, h("ul", {}, c.reasons.map((r) => h("li", {}, `${r.count} × ${r.reason}`))))))));
 }
 
-/** The program's collectives; choosing one shows its full explanation. */
+/** Does collective `c` match the filter text `q` (its op name, value, kind or reason)? */
+function matchesFilter(c, q) {
+  if (!q) return true;
+  const hay = [c.name, c.value, c.kind, c.reason, (c.axes ?? []).join(",")].join("\n").toLowerCase();
+  return q.toLowerCase().split(/\s+/).filter(Boolean).every((word) => hay.includes(word));
+}
+
+/** The program's collectives, with a text filter; choosing one shows its full explanation. */
 async function collectiveList(planId, ctx) {
   const all = await api(`/api/plans/${planId}/collectives`);
-  const detail = h("div", { class: "panel", id: "collective-detail", "aria-live": "polite" },
-    h("p", { class: "muted" }, "Choose a collective to see why it was inserted."));
+  const detail = h("div", { class: "panel collective-detail", id: "collective-detail",
+    "aria-live": "polite" },
+  h("p", { class: "muted" }, "Choose a collective to see why it was inserted."));
   async function explain(name) {
     ctx.setQuery({ collective: name });
     const c = await api(`/api/plans/${planId}/collectives/${encodeURIComponent(name)}`);
-    detail.replaceChildren(h("h3", {}, c.name),
+    const text = (k) => (Array.isArray(c[k]) ? c[k].join(", ") : String(c[k] ?? "")) || "–";
+    detail.replaceChildren(h("h3", { title: c.name }, c.name),
       h("dl", {},
         ["kind", "axes", "value", "from", "to", "consumer", "scope"].flatMap((k) =>
-          [h("dt", {}, k), h("dd", {}, Array.isArray(c[k]) ? c[k].join(", ") : String(c[k] ?? "–"))]),
+          [h("dt", {}, k), h("dd", { title: text(k) }, text(k))]),
         h("dt", {}, "bytes / rank"), h("dd", {}, fmtBytes(c.bytes_per_rank)),
         h("dt", {}, "predicted time"), h("dd", {}, c.time_s ? fmtTime(c.time_s) : "–")),
       h("p", {}, h("strong", {}, "Why: "), c.reason));
   }
-  const list = h("ul", { class: "collectives", "aria-label": "inserted collectives" },
-    all.map((c) => h("li", {}, h("button", {
-      class: "secondary", type: "button", onclick: () => explain(c.name).catch(showError),
-    }, `${c.kind} on ${c.axes.join(",")}`), " ", h("code", {}, c.value ?? c.name),
-    h("span", { class: "muted" }, ` — ${fmtBytes(c.bytes_per_rank)}`))));
+  const items = all.map((c) => h("li", {}, h("button", {
+    class: "secondary", type: "button", onclick: () => explain(c.name).catch(showError),
+  }, `${c.kind} on ${c.axes.join(",")}`), " ", h("code", {}, c.value ?? c.name),
+  h("span", { class: "muted" }, ` — ${fmtBytes(c.bytes_per_rank)}`)));
+  const list = h("ul", { class: "collectives", "aria-label": "inserted collectives" }, items);
+  const count = h("span", { class: "muted", id: "collective-count", "aria-live": "polite" },
+    `${all.length} of ${all.length}`);
+  const filter = h("input", { type: "search", id: "collective-filter",
+    placeholder: "op name, kind or reason", "aria-label": "filter collectives" });
+  filter.addEventListener("input", () => {
+    let shown = 0;
+    all.forEach((c, i) => {
+      const hit = matchesFilter(c, filter.value.trim());
+      items[i].hidden = !hit;
+      shown += hit ? 1 : 0;
+    });
+    count.textContent = `${shown} of ${all.length}`;
+  });
   const wanted = ctx.query.get("collective");
   if (wanted) explain(wanted).catch(showError);
   function showError(err) { detail.replaceChildren(errorBox(err)); }
-  return h("section", { class: "split" }, h("div", {}, list), detail);
+  return h("section", { class: "split collectives-split" },
+    h("div", {}, h("div", { class: "collective-filter" },
+      h("label", { for: "collective-filter" }, "Filter"), filter, " ", count), list), detail);
 }
 
 /** Ranks of a mesh written "dp=2,tp=4" (8). */
@@ -182,7 +206,8 @@ export async function render(root, ctx) {
   const planId = Number(ctx.params.id);
   const plan = await api(`/api/plans/${planId}`);
   root.append(planTabs(planId, "overview"),
-    h("h1", {}, `Plan #${planId}`, plan.summary ? ` — ${plan.summary.model}` : ""),
+    h("h1", {}, `Plan ${planId} · overview`,
+      plan.summary ? h("span", { class: "muted heading-suffix" }, ` · ${plan.summary.model}`) : ""),
     h("p", {}, h("span", { class: `status-${plan.status}` }, plan.status), " · ",
       plan.summary?.strategy ?? "", plan.cluster ? ` · cluster ${plan.cluster}` : ""));
   if (["queued", "running"].includes(plan.status)) return pending(root, plan, ctx);

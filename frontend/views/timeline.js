@@ -5,12 +5,17 @@
 // into single ops as you zoom in. A pipelined plan's timeline is its schedule (schedule.js).
 // A plan measured on real ranks (measured.js) shows its measured op spans as thin bars under
 // the predicted ones of the last stage, and the comparison below the chart.
+// Every representative rank (one per role) gets its lanes, the first labelled with the ranks it
+// stands for; below the chart, time per op kind (timeline_stats.js); two toggles outline the
+// critical path and draw collective -> wait arrows (critical_path.js).
 import { api, ApiError } from "../api.js";
 import {
   errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, plotly, ranksText, ROLE_COLORS,
 } from "../ui.js";
 import { loadMeasured, measuredScale, measuredSection, measuredTraces } from "./measured.js";
 import { renderSchedule } from "./schedule.js";
+import { criticalPath, criticalTrace, flowAnnotations, flows } from "./critical_path.js";
+import { kindStats, standsFor } from "./timeline_stats.js";
 
 const EXPOSED = "#7a0010";
 const ROLES = ["forward", "loss", "backward", "optimizer", "comm"];
@@ -108,12 +113,19 @@ function rows(data) {
   return data.ranks.flatMap((rank) => data.streams.map((s) => `rank ${rank.rank} · ${s}`));
 }
 
+/** The lane labels: each rank's first lane says which ranks it stands for (its role). */
+function rowLabels(data) {
+  return data.ranks.flatMap((rank) => data.streams.map((s, i) => (i === 0
+    ? `rank ${rank.rank} (${standsFor(rank)}) · ${s}`
+    : `rank ${rank.rank} · ${s}`)));
+}
+
 function layout(data, range) {
   const rowNames = rows(data);
   return {
     barmode: "overlay",
     height: Math.max(260, 90 + 34 * rowNames.length),
-    margin: { l: 170, r: 20, t: 10, b: 50 },
+    margin: { l: 250, r: 20, t: 10, b: 50 },
     xaxis: {
       title: { text: "time in step (ms)" },
       type: "linear",
@@ -125,6 +137,9 @@ function layout(data, range) {
       type: "category",
       categoryorder: "array",
       categoryarray: rowNames,
+      tickmode: "array",
+      tickvals: rowNames,
+      ticktext: rowLabels(data),
       autorange: "reversed",
     },
     legend: { orientation: "h", y: 1.02, yanchor: "bottom", x: 0 },
@@ -218,17 +233,23 @@ export async function render(root, ctx) {
   const stageSelect = h("select", { id: "timeline-stage" },
     data.stages.map((name) => h("option", { value: name, selected: name === data.stage }, name)));
   const rankSelect = h("select", { id: "timeline-rank" },
-    h("option", { value: "" }, "all representative ranks"),
+    h("option", { value: "" }, data.representatives.length === 1
+      ? "every rank (one role)" : `every role (${data.representatives.length} ranks)`),
     data.representatives.map((r) => h("option", { value: r.rank },
       `rank ${r.rank} (stands for ${ranksText(r.stands_for)})`)));
   const rep = data.ranks.length === 1 && state.rank !== null ? data.ranks[0].rank : "";
   rankSelect.value = String(rep);
+  const criticalBox = h("input", { type: "checkbox", id: "timeline-critical" });
+  const flowBox = h("input", { type: "checkbox", id: "timeline-flows" });
   const resetZoom = h("button", { type: "button", class: "secondary", id: "timeline-reset" },
     "Whole step");
   const controls = h("div", { class: "controls", style: "display:flex;gap:1.5rem;align-items:end;flex-wrap:wrap" },
     h("div", {}, h("label", { for: "timeline-stage" }, "Stage (timeline after each pass)"), stageSelect),
     h("div", {}, h("label", { for: "timeline-rank" }, "Rank"), rankSelect),
     h("div", {}, resetZoom),
+    h("div", { class: "overlay-toggles" },
+      h("label", { class: "check" }, criticalBox, " Critical path"),
+      h("label", { class: "check" }, flowBox, " Collective → wait arrows")),
     h("div", {},
       h("a", { href: `/api/plans/${id}/trace`, download: `plan-${id}-trace.json`, id: "trace-link" },
         "Download Chrome trace"),
@@ -239,6 +260,7 @@ export async function render(root, ctx) {
   const note = h("div", {});
   const represents = h("p", { class: "muted" });
   const plot = h("div", { id: "timeline-plot", role: "img", "aria-label": "timeline of the step" });
+  const stats = h("div", {});
   const [stored, workers] = await Promise.all([
     loadMeasured(id).catch(() => null), api("/api/workers").catch(() => [])]);
   let measured = stored;
@@ -248,7 +270,7 @@ export async function render(root, ctx) {
       measured = m;
       if (!ctx.signal.aborted) draw().catch((err) => note.replaceChildren(errorBox(err)));
     } });
-  body.replaceChildren(controls, figures, represents, note, plot, measuredPart.element);
+  body.replaceChildren(controls, figures, represents, note, plot, stats, measuredPart.element);
 
   const range = () => (state.t0 !== null ? [state.t0 * 1e3, state.t1 * 1e3] : null);
   /** The predicted bars and, on the last stage (the program that ran), the measured ones. */
@@ -273,11 +295,21 @@ export async function render(root, ctx) {
       .map((r) => `rank ${r.rank} stands for ranks ${ranksText(r.stands_for)}`).join("; ")
       + ". Ranks whose groups sit alike on the nodes take the same time; one is simulated for them.";
     plot.setAttribute("aria-label", `timeline of stage ${data.stage}: ${data.events.length} bars`);
+    stats.replaceChildren(kindStats(data));
     tabs.replaceChildren(planTabs(id, "timeline", permalink()));
     drawing = true;
     try {
       const shown = allTraces();
       const look = layout(data, range());
+      // both overlays need single ops (merged bars carry no deps)
+      for (const box of [criticalBox, flowBox]) {
+        box.disabled = data.aggregated;
+        box.title = data.aggregated ? "zoom in until the bars are single ops" : "";
+      }
+      if (criticalBox.checked && !data.aggregated) shown.push(criticalTrace(criticalPath(data)));
+      if (flowBox.checked && !data.aggregated) {
+        look.annotations = flowAnnotations(flows(data), rows(data));
+      }
       if (shown.some((t) => t.legendgroup === "measured")) { // room for the grouped legend
         look.margin.t = 160;
         look.height += 150;
@@ -311,6 +343,9 @@ export async function render(root, ctx) {
     ctx.setQuery({ rank: state.rank });
     reload();
   });
+  for (const box of [criticalBox, flowBox]) {
+    box.addEventListener("change", () => draw().catch((err) => note.replaceChildren(errorBox(err))));
+  }
   resetZoom.addEventListener("click", () => {
     state.t0 = null;
     state.t1 = null;

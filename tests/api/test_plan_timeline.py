@@ -69,6 +69,15 @@ def test_stages_and_timeline(client: TestClient, settings: Settings) -> None:
     assert comm and all(e["exposed"] >= 0 and e["role"] == "comm" for e in comm)
     assert all(e["bytes"] > 0 for e in comm if e["kind"] == "all_reduce")
     assert any(e["deps"] for e in events)
+    for rank in whole["ranks"]:  # busy seconds per op kind over the whole step
+        mine = [e for e in events if e["rank"] == rank["rank"]]
+        kinds = rank["kinds"]
+        assert [k["busy_s"] for k in kinds] == sorted((k["busy_s"] for k in kinds), reverse=True)
+        assert sum(k["count"] for k in kinds) == len(mine)
+        assert {k["kind"] for k in kinds} == {e["kind"] for e in mine}
+        assert sum(k["busy_s"] for k in kinds) == pytest.approx(sum(e["busy"] for e in mine))
+        for k in kinds:
+            assert set(k["streams"]) == {e["stream"] for e in mine if e["kind"] == k["kind"]}
     names = {e["name"] for e in events}
     assert all(d in names for e in events for d in e["deps"])
 

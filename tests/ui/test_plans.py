@@ -83,3 +83,41 @@ def test_overview_explains_a_collective_and_verifies(
 
     page.get_by_role("button", name="Verify against one device").click()
     expect(page.get_by_text("numerics match")).to_be_visible(timeout=60_000)
+
+
+def test_overview_filters_collectives_and_shows_long_names_whole(
+    page: Page, server: Server, built_plan: dict[str, Any]
+) -> None:
+    plan_id = built_plan["id"]
+    collectives = server.api("GET", f"/api/plans/{plan_id}/collectives")
+    page.goto(f"/#/plans/{plan_id}")
+    expect(page.locator("h1").first).to_have_text(
+        f"Plan {plan_id} · overview · {built_plan['summary']['model']}"
+    )
+    items = page.get_by_label("inserted collectives").locator("li")
+    expect(items).to_have_count(len(collectives))
+    longest = max(collectives, key=lambda c: len(c["value"] or c["name"]))
+    word = longest["kind"]
+    wanted = [
+        c
+        for c in collectives
+        if word.lower()
+        in " ".join(
+            [c["name"], c["value"] or "", c["kind"], c["reason"], ",".join(c["axes"])]
+        ).lower()
+    ]
+    page.get_by_label("filter collectives").fill(word)
+    expect(page.locator("ul.collectives li:visible")).to_have_count(len(wanted))
+    page.get_by_label("filter collectives").fill(longest["name"])
+    expect(page.locator("ul.collectives li:visible")).to_have_count(1)
+    expect(page.locator("#collective-count")).to_have_text(f"1 of {len(collectives)}")
+    page.get_by_label("filter collectives").fill("no collective is called this")
+    expect(page.locator("ul.collectives li:visible")).to_have_count(0)
+    page.get_by_label("filter collectives").fill(longest["name"])
+    page.locator("ul.collectives li:visible").get_by_role("button").click()
+    detail = page.locator("#collective-detail")
+    expect(detail.locator("h3")).to_have_text(longest["name"])
+    for el in (detail.locator("h3"), detail.locator("dd").nth(2)):  # the title, the value
+        clip = el.evaluate("e => [e.scrollWidth, e.clientWidth]")
+        assert clip[0] <= clip[1], clip
+    expect(detail.locator("dd").nth(2)).to_have_text(longest["value"] or "–")
