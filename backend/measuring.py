@@ -32,7 +32,7 @@ from backend.planning import engine_strategy
 from backend.schemas.jobs import MeasurementCreate, VerifyOn
 from backend.settings import Settings
 from backend.verifying import run_on
-from shardlab.check import MAX_VERIFICATION_BYTES, verification_bytes
+from shardlab.check import MAX_VERIFICATION_BYTES, gib, verification_bytes
 
 CODE = "invalid_measurement"
 #: the dtype the ranks compute in (`worker.measure.MEASURE_DTYPE`), and its bytes
@@ -41,10 +41,6 @@ COMPUTE_DTYPE, DTYPE_BYTES = "float32", 4
 
 def _refuse(message: str, **detail: Any) -> ApiError:
     return ApiError(422, CODE, f"plan_id: {message}", field="plan_id", **detail)
-
-
-def _gib(n: float) -> str:
-    return f"{n / 1024**3:.2f} GiB"
 
 
 def check_measurable(session: Session, plan: Plan, asked: MeasurementCreate) -> RunOn:
@@ -64,7 +60,7 @@ def check_measurable(session: Session, plan: Plan, asked: MeasurementCreate) -> 
     if need > MAX_VERIFICATION_BYTES:
         raise _refuse(
             f"measuring {params:,} parameters on {engine.mesh.size} ranks would hold about "
-            f"{_gib(need)} in {COMPUTE_DTYPE} (limit {_gib(MAX_VERIFICATION_BYTES)}); measure "
+            f"{gib(need)} in {COMPUTE_DTYPE} (limit {gib(MAX_VERIFICATION_BYTES)}); measure "
             "a smaller shape of the model under the same strategy (a scaled-down twin is "
             "not measured: its times say nothing about this plan)",
             plan_id=plan.id,

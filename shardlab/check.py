@@ -140,7 +140,7 @@ def check_verifiable(
     if need > limit:
         raise CheckError(
             f"{field}: a verification of {params:,} parameters on {ranks} ranks would hold "
-            f"about {_gib(need)} in {dtype} (limit {_gib(limit)}); verify a smaller shape of "
+            f"about {gib(need)} in {dtype} (limit {gib(limit)}); verify a smaller shape of "
             "the model (fewer layers, a smaller hidden size) under the same strategy instead",
             field=field,
             bytes=need,
@@ -163,8 +163,8 @@ def judge(
     step = float(cost["step_time_s"])
     if budgets.must_fit:
         peak, capacity = cost.get("peak_memory_bytes"), cost.get("memory_capacity_bytes")
-        add(Result("must_fit", f"peak memory per rank <= {_gib(capacity)}",
-                   f"{_gib(peak)}", bool(cost.get("fits"))))  # fmt: skip
+        add(Result("must_fit", f"peak memory per rank <= {gib(capacity)}",
+                   f"{gib(peak)}", bool(cost.get("fits"))))  # fmt: skip
     if budgets.max_step_time_s is not None:
         add(Result("max_step_time_s", f"<= {_ms(budgets.max_step_time_s)}", _ms(step),
                    step <= budgets.max_step_time_s))  # fmt: skip
@@ -206,5 +206,6 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
-def _gib(nbytes: float | None) -> str:
+def gib(nbytes: float | None) -> str:
+    """Bytes in GiB with two decimals, as messages and reports print them."""
     return f"{(nbytes or 0) / (1 << 30):.2f} GiB"

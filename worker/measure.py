@@ -81,7 +81,8 @@ def check_measurable(inputs: dict[str, Any]) -> int:
     """The mesh size of the plan to measure; ExecutionError for a plan without a cluster,
     `nproc` other than the mesh size, or a model whose run would hold more than
     `MAX_VERIFICATION_BYTES` (never a scaled-down twin: its times say nothing of the plan)."""
-    from shardlab.runtime.twin import MAX_VERIFICATION_BYTES, verification_estimate
+    from shardlab.check import MAX_VERIFICATION_BYTES
+    from shardlab.runtime.twin import verification_estimate
 
     if not inputs.get("cluster"):
         raise ExecutionError("measuring needs the plan's cluster: it is held against the "

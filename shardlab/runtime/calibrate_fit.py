@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.cost.clusters import Cluster, Link
-from shardlab.cost.comm import factor, steps
+from shardlab.cost.comm import factor, ring_time, steps
 from shardlab.errors import ExecutionError
 from shardlab.runtime.calibrate_measure import (
     CommSample,
@@ -142,13 +142,13 @@ def fit_link(samples: Sequence[CommSample]) -> tuple[Link, list[Residual]]:
     if inv_bw <= 0:
         raise ExecutionError("collective times do not grow with message size: too noisy")
     link = Link(1.0 / float(inv_bw), float(lat))
-    res = [
-        Residual(f"{s.kind} n={s.ranks} {s.size} B", s.seconds,
-                 link.latency * steps(s.kind, s.ranks) + factor(s.kind, s.ranks) * s.size
-                 / link.bandwidth)
-        for s in use
-    ]  # fmt: skip
-    return link, res
+    return link, _residuals("", link, use)
+
+
+def _residuals(prefix: str, link: Link, samples: Sequence[CommSample]) -> list[Residual]:
+    """Each collective's measured seconds against the cost model's ring time on `link`."""
+    return [Residual(f"{prefix}{s.kind} n={s.ranks} {s.size} B", s.seconds,
+                     ring_time(s.kind, s.size, s.ranks, link)) for s in samples]  # fmt: skip
 
 
 def fit_step_latency(link: Link, samples: Sequence[CommSample]) -> tuple[Link, list[Residual]]:
@@ -165,13 +165,7 @@ def fit_step_latency(link: Link, samples: Sequence[CommSample]) -> tuple[Link, l
         for s in use
     ]
     fitted = Link(link.bandwidth, max(link.latency, float(np.median(per_step))))
-    res = [
-        Residual(f"in step: {s.kind} n={s.ranks} {s.size} B", s.seconds,
-                 fitted.latency * steps(s.kind, s.ranks) + factor(s.kind, s.ranks) * s.size
-                 / fitted.bandwidth)
-        for s in use
-    ]  # fmt: skip
-    return fitted, res
+    return fitted, _residuals("in step: ", fitted, use)
 
 
 def kernel_scales(samples: Sequence[KernelSample]) -> dict[str, float]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardlab.check import MAX_VERIFICATION_BYTES, gib
 from shardlab.errors import ExecutionError, ShardlabError
 from shardlab.ir import SOURCE_KINDS, Graph, ValueKind
 from shardlab.models import TransformerConfig, build_model, get_preset
@@ -33,8 +34,6 @@ from shardlab.passes.pipeline_schedule import PipelineOptions
 from shardlab.runtime.verify import VerifyReport, verify
 from shardlab.strategy import Strategy
 
-#: Bytes a verification may hold (the worker's and the command line's default limit).
-MAX_VERIFICATION_BYTES = 4 << 30
 _DTYPE_BYTES = {"float64": 8, "float32": 4}
 #: The smallest head size a twin uses (rotary embeddings need an even size).
 _MIN_HEAD_DIM = 8
@@ -86,7 +85,7 @@ class Twin:
         what = ", ".join(f"{k} {a}->{b}" for k, (a, b) in self.changes.items())
         return (
             f"verified a scaled-down twin ({what}): the full model would hold about "
-            f"{_gib(self.full_bytes)}, over the limit of {_gib(self.limit_bytes)}"
+            f"{gib(self.full_bytes)}, over the limit of {gib(self.limit_bytes)}"
         )
 
 
@@ -125,8 +124,8 @@ def check_fits(graph: Graph, strategy: Strategy, dtype: str, limit: int) -> int:
     if need > limit:
         raise ExecutionError(
             f"a verification of {graph.name!r} ({graph.num_params():,} parameters) on "
-            f"{strategy.mesh.size} ranks would hold about {_gib(need)} in {dtype}, over the "
-            f"limit of {_gib(limit)}; verify its scaled-down twin, or a smaller shape of the "
+            f"{strategy.mesh.size} ranks would hold about {gib(need)} in {dtype}, over the "
+            f"limit of {gib(limit)}; verify its scaled-down twin, or a smaller shape of the "
             "model under the same strategy",
             field="model",
             bytes=need,
@@ -164,8 +163,8 @@ def scaled_twin(
     if twin_bytes > limit:
         raise ExecutionError(
             f"even the smallest twin of {graph.name!r} that {strategy} plans would hold about "
-            f"{_gib(twin_bytes)} in {dtype} on {strategy.mesh.size} ranks, over the limit of "
-            f"{_gib(limit)}",
+            f"{gib(twin_bytes)} in {dtype} on {strategy.mesh.size} ranks, over the limit of "
+            f"{gib(limit)}",
             field="model",
             bytes=twin_bytes,
             limit=limit,
@@ -300,7 +299,3 @@ def _layout(graph: Graph, strategy: Strategy) -> Mapping[str, object]:
         for v in plan.training.values.values()
         if v.kind in SOURCE_KINDS and v.name in specs
     }
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
