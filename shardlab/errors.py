@@ -70,3 +70,10 @@ class ClusterError(ShardlabError):
     """A cluster file or preset name is invalid: unknown preset, missing or bad field."""
 
     code = "invalid_cluster"
+
+
+class ModelImportError(ShardlabError):
+    """A model cannot be imported: its torch.export fails, or a Hugging Face config names an
+    unsupported architecture or lacks a field (the message names the op or the field)."""
+
+    code = "import_error"
