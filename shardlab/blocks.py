@@ -15,8 +15,11 @@ makes with `runtime.distribute`), the mesh axes over which the block is a partia
   their blocks (the last partial mesh axis innermost) gives this rank's block of the value.
   Just this rank when nothing is partial.
 
-Sharding is even, as everywhere in the engine: a dim that a shard does not divide raises the
-engine's `PlacementError` (`placement.check_placements`).
+Uneven shards are drawn as they are held: a dim that does not divide its mesh axes gives
+blocks of different sizes (`numpy.array_split`, the left axis the outer cut), each rank's
+`local_shape` and `ranges` its own; `blocks_json`'s top-level `local_shape` is the largest
+block and `even` says whether all are equal. A shard that would leave a rank empty raises
+the engine's `PlacementError` (`placement.check_placements`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardlab.mesh import Mesh
-from shardlab.placement import DistSpec, Partial, Replicate, index_ranges, local_shape
+from shardlab.placement import DistSpec, Partial, Replicate, index_ranges, is_even, local_shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ def group_along(mesh: Mesh, coord: Sequence[int], axes: Sequence[int]) -> tuple[
 def rank_blocks(shape: Sequence[int], spec: DistSpec) -> list[RankBlock]:
     """Every rank's block of a value of global `shape` under `spec`, in mesh position order."""
     mesh = spec.mesh
-    local = local_shape(shape, mesh, spec.placements)  # raises for an uneven split
+    local_shape(shape, mesh, spec.placements)  # raises for a shard that leaves a rank empty
     replicate = axes_of(spec, Replicate)
     partial_axes = axes_of(spec, Partial)
     partial = tuple(
@@ -84,12 +87,13 @@ def rank_blocks(shape: Sequence[int], spec: DistSpec) -> list[RankBlock]:
     out = []
     for rank in mesh.ranks:
         coord = mesh.coord(rank)
+        ranges = index_ranges(shape, mesh, spec.placements, rank)
         out.append(
             RankBlock(
                 rank=rank,
                 coord=coord,
-                local_shape=local,
-                ranges=index_ranges(shape, mesh, spec.placements, rank),
+                local_shape=tuple(b - a for a, b in ranges),
+                ranges=ranges,
                 partial=partial,
                 replica_group=group_along(mesh, coord, replicate),
                 partial_group=group_along(mesh, coord, partial_axes),
@@ -129,5 +133,6 @@ def blocks_json(shape: Sequence[int], spec: DistSpec) -> dict[str, Any]:
         "placements": placements_json(spec),
         "dims": [{"dim": d, "size": n, "axes": sharded.get(d, [])} for d, n in enumerate(shape)],
         "local_shape": list(local_shape(shape, spec.mesh, spec.placements)),
+        "even": is_even(shape, spec.mesh, spec.placements),
         "ranks": [block.to_json() for block in rank_blocks(shape, spec)],
     }

@@ -3,6 +3,15 @@
 Text form: one token per mesh axis, `S(0)R`, `RS(1)`, `P(sum)S(0)`. Several mesh axes may
 shard the same tensor dim; the left (lower-index) mesh axis is the outermost split. The per-dim
 form (`("dp", None, "tp")`, as in PyTorch/JAX partition specs) converts both ways.
+
+Uneven shards: a dim of size S that one mesh axis of n ranks shards is cut into n contiguous
+blocks as `numpy.array_split` cuts it (the first S % n blocks hold ceil(S/n) elements, the
+rest floor(S/n)). Several mesh axes sharding a dim split it in turn, the left axis first and
+each later axis splitting the block the earlier ones left (as DTensor nests its shards): with
+even splits that is the flattened block index, and every block still differs from the
+others by at most one element. A shard that would leave some rank's block empty (0 < S < the
+product of the axes' sizes) is refused. `local_shape` is the largest block (rank 0's, what
+memory and the cost model use); `local_shape_on` and `index_ranges` are a given rank's.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ def _is_int(x: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """Split tensor dim `dim` evenly across the ranks of one mesh axis."""
+    """Split tensor dim `dim` across the ranks of one mesh axis (`numpy.array_split` blocks)."""
 
     dim: int
 
@@ -309,10 +318,24 @@ def _check_shard_dims(
             )
 
 
+def split_sizes(size: int, parts: int) -> tuple[int, ...]:
+    """Block sizes of a dim of `size` cut into `parts` as `numpy.array_split` cuts it."""
+    q, r = divmod(size, parts)
+    return tuple(q + 1 if c < r else q for c in range(parts))
+
+
+def _split_range(start: int, size: int, parts: int, c: int) -> tuple[int, int]:
+    """`[start, stop)` of block `c` of `parts` of the run `[start, start + size)`."""
+    q, r = divmod(size, parts)
+    first = start + c * q + min(c, r)
+    return first, first + q + (1 if c < r else 0)
+
+
 def check_placements(
     shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], what: str = "tensor"
 ) -> None:
-    """Raise PlacementError unless `placements` fit a tensor of `shape` on `mesh` evenly."""
+    """Raise PlacementError unless `placements` fit a tensor of `shape` on `mesh`: counts and
+    dims in range, and no sharded dim leaves a rank's block empty (uneven blocks are fine)."""
     _check_count(placements, mesh)
     for d, size in enumerate(shape):
         if not _is_int(size) or size < 0:
@@ -320,15 +343,24 @@ def check_placements(
     _check_shard_dims(placements, mesh, len(shape), what)
     for d, axes in sorted(_sharding(placements).items()):
         parts = math.prod(mesh.shape[k] for k in axes)
-        if shape[d] % parts:
+        if 0 < shape[d] < parts:
             listed = ", ".join(f"{mesh.axis_names[k]} ({mesh.shape[k]})" for k in axes)
             raise PlacementError(
                 f"cannot shard dim {d} of {what!r} (size {shape[d]}) over mesh axes {listed}: "
-                f"{shape[d]} is not divisible by {parts}",
+                f"{parts} shards of {shape[d]} elements would leave "
+                f"{parts - shape[d]} rank(s) with an empty block",
                 dim=d,
                 size=shape[d],
                 axes=[mesh.axis_names[k] for k in axes],
             )
+
+
+def is_even(shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement]) -> bool:
+    """True when every sharded dim divides into equal blocks (no rank's block is smaller)."""
+    return all(
+        shape[d] % math.prod(mesh.shape[k] for k in axes) == 0
+        for d, axes in _sharding(placements).items()
+    )
 
 
 #: local shapes already computed (and checked), by (global shape, mesh, placements): a
@@ -340,7 +372,8 @@ _LOCAL_SHAPES_MAX = 1 << 16
 def local_shape(
     shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement]
 ) -> tuple[int, ...]:
-    """The shape of the block each rank holds (checked once per distinct value type)."""
+    """The shape of the largest block a rank holds, rank 0's (checked once per distinct
+    value type): what memory, the cost model and a program's local types use."""
     key = (tuple(shape), mesh, tuple(placements))
     known = _LOCAL_SHAPES.get(key)
     if known is not None:
@@ -348,7 +381,7 @@ def local_shape(
     check_placements(shape, mesh, placements)
     out = list(shape)
     for d, axes in _sharding(placements).items():
-        out[d] //= math.prod(mesh.shape[k] for k in axes)
+        out[d] = -(-out[d] // math.prod(mesh.shape[k] for k in axes))
     if len(_LOCAL_SHAPES) >= _LOCAL_SHAPES_MAX:
         _LOCAL_SHAPES.clear()
     _LOCAL_SHAPES[key] = result = tuple(out)
@@ -359,16 +392,38 @@ def index_ranges(
     shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], rank: int
 ) -> tuple[tuple[int, int], ...]:
     """The global `[start, stop)` per tensor dim of the block `rank` holds."""
-    local = local_shape(shape, mesh, placements)
+    local_shape(shape, mesh, placements)  # checks them (cached)
     coord = mesh.coord(rank)
     sharding = _sharding(placements)
     out: list[tuple[int, int]] = []
-    for d, size in enumerate(local):
-        block = 0
+    for d, size in enumerate(shape):
+        start, stop = 0, size
         for k in sharding.get(d, []):
-            block = block * mesh.shape[k] + coord[k]
-        out.append((block * size, (block + 1) * size))
+            start, stop = _split_range(start, stop - start, mesh.shape[k], coord[k])
+        out.append((start, stop))
     return tuple(out)
+
+
+def local_shape_on(
+    shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], rank: int
+) -> tuple[int, ...]:
+    """The shape of the block `rank` holds (smaller than `local_shape` on some ranks when a
+    dim does not divide its mesh axes)."""
+    return tuple(b - a for a, b in index_ranges(shape, mesh, placements, rank))
+
+
+def group_sizes(
+    shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], k: int, rank: int
+) -> tuple[int, ...]:
+    """Sizes along the dim mesh axis k shards (it must be the innermost axis sharding that
+    dim) of the blocks held by `rank`'s group along axis k, in coordinate order: what a
+    gather over axis k concatenates."""
+    p = placements[k]
+    if not isinstance(p, Shard):
+        raise PlacementError(f"mesh axis {mesh.axis_names[k]!r} does not shard, it is {p}")
+    parent = (*placements[:k], Replicate(), *placements[k + 1 :])
+    start, stop = index_ranges(shape, mesh, parent, rank)[p.dim]
+    return split_sizes(stop - start, mesh.shape[k])
 
 
 def local_slices(

@@ -292,7 +292,11 @@ function facts(blocks) {
   return h("div", { class: "sh-facts" },
     h("p", {}, h("code", {}, blocks.value), ` ${blocks.kind} · ${blocks.dtype}[`,
       blocks.shape.join(", "), "] · spec ", h("code", { "data-field": "spec" }, blocks.spec),
-      ` on ${blocks.mesh.text} · local shape ${fmtShape(blocks.local_shape)}`),
+      ` on ${blocks.mesh.text} · local shape ${fmtShape(blocks.local_shape)}`,
+      blocks.even === false
+        ? h("span", { "data-field": "uneven" }, " (the largest: a split dim does not divide its"
+          + " mesh axes, so blocks differ by one; each rank's own shape is in its cell)")
+        : ""),
     h("p", { class: "muted" }, how.join(" · ")),
     h("p", { class: "muted" }, dims.length === 2
       ? `Each cell outlines the whole tensor: rows = dim ${dims[0]} (${fmtInt(blocks.shape[dims[0]])}),`

@@ -31,7 +31,11 @@ class TransformerConfig:
     `dropout`: probability of the hidden (and, with eager attention, attention-probability)
     dropouts, 0 for none; `attention`: "flash" (one fused op) or "eager" (matmuls, a masked
     softmax and dropout whose outputs are kept for backward); `tie_embeddings`: lm_head
-    reuses `embed.weight`.
+    reuses `embed.weight`; `pad_vocab`: the embedding table and lm_head get
+    `padded_vocab` rows, `vocab` rounded up to a multiple of it (Megatron-LM's
+    `make_vocab_size_divisible_by` times the tensor-parallel size, e.g. 128 x 4 = 512 makes
+    50257 into 50688), 1 for none. Uneven vocab shards need no padding; this mirrors the
+    recipe (real data never holds ids past `vocab`: the padded rows only join the softmax).
     """
 
     family: str
@@ -50,10 +54,16 @@ class TransformerConfig:
     dropout: float = 0.0
     attention: str = "flash"
     tie_embeddings: bool = False
+    pad_vocab: int = 1
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def padded_vocab(self) -> int:
+        """`vocab` rounded up to a multiple of `pad_vocab` (the table's rows)."""
+        return -(-self.vocab // self.pad_vocab) * self.pad_vocab
 
     def check(self) -> None:
         """Raise PresetError for a combination that cannot form a model."""
@@ -101,7 +111,7 @@ ModelConfig = TransformerConfig | MlpDemoConfig
 #: Fields a user may override with --set; the rest define the family.
 OVERRIDABLE = (
     "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "batch", "dtype", "classes",
-    "dropout", "attention", "tie_embeddings",
+    "dropout", "attention", "tie_embeddings", "pad_vocab",
 )  # fmt: skip
 
 

@@ -8,7 +8,8 @@ GELU (tanh) and ties `lm_head` to `embed`; `gpt` (the GPT of Narayanan et al. 20
 Korthikanti et al. 2022) is the same block with a position table of exactly `seq` rows and
 dropout; Llama uses RMSNorm, RoPE, grouped-query attention and SwiGLU. GPT-2's fused
 `c_attn` is written as separate q/k/v projections (same parameters, shardable per head).
-`tie_embeddings` decides whether `lm_head` reuses `embed.weight` or has its own weight.
+`tie_embeddings` decides whether `lm_head` reuses `embed.weight` or has its own weight;
+`pad_vocab` pads their vocab rows as Megatron-LM does (`TransformerConfig.padded_vocab`).
 
 Dropout (config `dropout` > 0), where Megatron-LM's GPT has it: after the embedding (and
 position add), `pos_embed.dropout` (`embed.dropout` without learned positions); on the
@@ -46,7 +47,7 @@ def build_transformer(cfg: TransformerConfig, name: str) -> Graph:
     tokens = b.input("tokens", (cfg.batch, cfg.seq), "int64")
     labels = b.input("labels", (cfg.batch, cfg.seq), "int64")
     with b.scope("embed"):
-        embed = b.param("weight", (cfg.vocab, cfg.hidden), cfg.dtype)
+        embed = b.param("weight", (cfg.padded_vocab, cfg.hidden), cfg.dtype)
         h = b.op("embedding", [tokens, embed])
     rope: tuple[str, str] | None = None
     if cfg.family in LEARNED_POSITIONS:
@@ -78,7 +79,7 @@ def build_transformer(cfg: TransformerConfig, name: str) -> Graph:
         if cfg.tie_embeddings:
             logits = b.op("matmul", [h, embed], attrs={"transpose_b": True})
         else:
-            weight = b.param("weight", (cfg.hidden, cfg.vocab), cfg.dtype)
+            weight = b.param("weight", (cfg.hidden, cfg.padded_vocab), cfg.dtype)
             logits = b.op("linear", [h, weight])
     with b.scope("loss"):
         loss = b.op("cross_entropy", [logits, labels], role=OpRole.LOSS)

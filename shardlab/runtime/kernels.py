@@ -23,6 +23,13 @@ or to combine partial statistics with the other ranks mid-op:
 - `reshape_local`: reshape to this rank's local output shape (attr `shape` is global);
 - `shape_attr_local`: run the op with its `shape` attr replaced by the local output shape
   (broadcast_to);
+- `global_mean` (and `<kernel>+global_mean`): a mean whose reduced dims are sharded into
+  uneven blocks: the local mean times the rank's share of the reduced elements, a partial
+  sum of the global mean (equal blocks keep `Partial(avg)` and the plain kernel).
+
+Uneven shards (a dim that does not divide its mesh axes) give ranks blocks of different
+sizes: every local shape here is the rank's own (`placement.local_shape_on`), every offset
+its own range (`index_ranges`); `unpack` cuts its buffer into this rank's member blocks.
 
 A kernel returns its outputs, or is a generator that yields `CollectiveRequest`s and receives
 each reduced array back (the runtime fulfils them: in lockstep on the simulated mesh, with
@@ -44,8 +51,9 @@ from shardlab.ops.attention import attention
 from shardlab.ops.autodiff_ops import attention_backward
 from shardlab.ops.base import Array, Attrs
 from shardlab.ops.dropout import block_index, dropout_block
+from shardlab.ops.reduce import reduce_dims
 from shardlab.ops.softmax import masked_softmax
-from shardlab.placement import DistSpec, Shard, index_ranges, local_shape
+from shardlab.placement import DistSpec, Shard, index_ranges, local_shape_on
 from shardlab.runtime.distribute import to_local
 
 
@@ -67,6 +75,11 @@ class LocalContext:
     def output_range(self, j: int) -> tuple[tuple[int, int], ...]:
         spec = self.output_specs[j]
         return index_ranges(self.output_types[j].shape, self.mesh, spec.placements, self.rank)
+
+    def output_shape(self, j: int) -> tuple[int, ...]:
+        """The shape of this rank's block of output j."""
+        spec = self.output_specs[j]
+        return local_shape_on(self.output_types[j].shape, self.mesh, spec.placements, self.rank)
 
     def axes_sharding(self, i: int, dim: int) -> tuple[str, ...]:
         """Mesh axes that shard dim `dim` of input `i`."""
@@ -94,6 +107,9 @@ Kernel = Callable[[str, Sequence[Array], Attrs, LocalContext], KernelResult]
 def default_kernel(kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext) -> KernelResult:
     impl = get_op(kind).numpy_impl
     assert impl is not None, kind
+    if kind == "unpack" and "block_shapes" in attrs:  # this rank's blocks (uneven shards)
+        blocks = [list(ctx.output_shape(j)) for j in range(len(ctx.output_types))]
+        attrs = {**attrs, "block_shapes": blocks}
     return impl(xs, attrs)
 
 
@@ -221,8 +237,7 @@ def attention_grad_head_offset(
 
 def reshape_local(kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext) -> KernelResult:
     """The block keeps its elements in order; only the target shape is the local one."""
-    spec = ctx.output_specs[0]
-    return [np.reshape(xs[0], local_shape(ctx.output_types[0].shape, ctx.mesh, spec.placements))]
+    return [np.reshape(xs[0], ctx.output_shape(0))]
 
 
 def shape_attr_local(
@@ -231,9 +246,7 @@ def shape_attr_local(
     """The op's `shape` attr names the global output; each rank produces its block's shape."""
     impl = get_op(kind).numpy_impl
     assert impl is not None, kind
-    spec = ctx.output_specs[0]
-    shape = local_shape(ctx.output_types[0].shape, ctx.mesh, spec.placements)
-    return impl(xs, {**attrs, "shape": list(shape)})
+    return impl(xs, {**attrs, "shape": list(ctx.output_shape(0))})
 
 
 def cross_entropy_grad_sharded(
@@ -265,6 +278,36 @@ def cross_entropy_grad_sharded(
     return [grad * (dloss / n)]
 
 
+def _mean_share(kind: str, attrs: Attrs, ctx: LocalContext) -> float:
+    """This rank's share of the elements a mean averages over: local over global count of
+    the reduced dims (every dim of the labels for a loss, `dim` for a reduction)."""
+    dims: Sequence[int]
+    if kind in ("cross_entropy", "mse_loss"):
+        ranges = ctx.input_range(1 if kind == "cross_entropy" else 0)
+        dims = range(len(ranges))
+    else:
+        ranges = ctx.input_range(0)
+        dims = reduce_dims(len(ranges), attrs, kind)
+    shape = ctx.input_types[1 if kind == "cross_entropy" else 0].shape
+    local = math.prod(ranges[d][1] - ranges[d][0] for d in dims)
+    return local / math.prod(shape[d] for d in dims)
+
+
+def global_mean(inner: Kernel) -> Kernel:
+    """`inner`'s local mean scaled to a partial sum of the global mean (uneven blocks)."""
+
+    def kernel(
+        kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
+    ) -> Generator[CollectiveRequest, Array, list[Array]]:
+        out = inner(kind, xs, attrs, ctx)
+        if not isinstance(out, list):
+            out = yield from out
+        share = _mean_share(kind, attrs, ctx)
+        return [np.asarray(y * share) for y in out]
+
+    return kernel
+
+
 KERNELS: dict[str, Kernel] = {
     "default": default_kernel,
     "replicated": replicated_kernel,
@@ -280,3 +323,5 @@ KERNELS: dict[str, Kernel] = {
     "shape_attr_local": shape_attr_local,
     "cross_entropy_grad_sharded": cross_entropy_grad_sharded,
 }
+KERNELS["global_mean"] = global_mean(default_kernel)
+KERNELS["cross_entropy_vocab_parallel+global_mean"] = global_mean(cross_entropy_vocab_parallel)

@@ -3,6 +3,9 @@
 Each step is a simulated collective over the rank groups of its mesh axis
 (`Mesh.groups(axis)`, in coordinate order): blocks only ever move between ranks of one group,
 never through the global view, so a passing test proves the plan itself is right.
+Uneven blocks (a dim that does not divide its mesh axes) are the real blocks: a gather
+concatenates them, a scatter or slice cuts as `numpy.array_split` does
+(`placement.index_ranges`), so no padding is modelled here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 from shardlab.errors import ExecutionError
 from shardlab.mesh import Mesh
 from shardlab.ops.base import Array
-from shardlab.placement import DistSpec, Partial, Placement, Shard, local_shape
+from shardlab.placement import DistSpec, Partial, Placement, Shard, local_shape_on
 from shardlab.reshard import CommStep
 
 _REDUCE = {
@@ -39,14 +42,16 @@ def shard_dim(p: Placement, step: CommStep) -> int:
     return p.dim
 
 
-def _pad(x: Array, c: int, n: int, dim: int, op: str) -> Array:
-    """Shard `c` of `n` zero-padded to the unsplit block: S(dim) -> P(sum) (avg: times n)."""
+def pad_shard(x: Array, sizes: Sequence[int], c: int, dim: int, op: str) -> Array:
+    """Shard `c` of a group whose blocks have `sizes` along `dim`, zero-padded to the unsplit
+    block: S(dim) -> P(sum) (avg: times n)."""
     shape = list(x.shape)
-    shape[dim] *= n
+    shape[dim] = sum(sizes)
     out = np.zeros(shape, dtype=x.dtype)
     where = [slice(None)] * x.ndim
-    where[dim] = slice(c * x.shape[dim], (c + 1) * x.shape[dim])
-    out[tuple(where)] = x * n if op == "avg" else x
+    start = sum(sizes[:c])
+    where[dim] = slice(start, start + sizes[c])
+    out[tuple(where)] = x * len(sizes) if op == "avg" else x
     return out
 
 
@@ -65,16 +70,18 @@ def apply_step(blocks: Mapping[int, Array], mesh: Mesh, step: CommStep) -> dict[
             ys = [total.copy() for _ in group]
         elif step.kind == "reduce_scatter":
             total = np.asarray(_REDUCE[partial_op(step.src, step)](np.stack(xs)))
-            ys = [c.copy() for c in np.split(total, n, axis=shard_dim(step.dst, step))]
+            ys = [c.copy() for c in np.array_split(total, n, axis=shard_dim(step.dst, step))]
         elif step.kind == "all_to_all":
             d, e = shard_dim(step.src, step), shard_dim(step.dst, step)
-            sent = [np.split(x, n, axis=e) for x in xs]  # sent[i][j]: from rank i to rank j
+            sent = [np.array_split(x, n, axis=e) for x in xs]  # sent[i][j]: from rank i to rank j
             ys = [np.concatenate([sent[i][j] for i in range(n)], axis=d) for j in range(n)]
         elif step.kind == "local_slice":
             d = shard_dim(step.dst, step)
-            ys = [np.split(x, n, axis=d)[c].copy() for c, x in enumerate(xs)]
+            ys = [np.array_split(x, n, axis=d)[c].copy() for c, x in enumerate(xs)]
         elif step.kind == "local_partial" and isinstance(step.src, Shard):
-            ys = [_pad(x, c, n, step.src.dim, partial_op(step.dst, step)) for c, x in enumerate(xs)]
+            d, op = step.src.dim, partial_op(step.dst, step)
+            sizes = [x.shape[d] for x in xs]
+            ys = [pad_shard(x, sizes, c, d, op) for c, x in enumerate(xs)]
         elif step.kind == "local_partial":
             keep_all = partial_op(step.dst, step) != "sum"
             ys = [x.copy() if keep_all or c == 0 else np.zeros_like(x) for c, x in enumerate(xs)]
@@ -98,8 +105,8 @@ def apply_transition(
     `dst` local shape; raises ExecutionError otherwise.
     """
     state = list(src.placements)
-    expected = local_shape(shape, mesh, src.placements)
     for r in mesh.ranks:
+        expected = local_shape_on(shape, mesh, src.placements, r)
         if blocks[r].shape != expected:
             raise ExecutionError(
                 f"rank {r} holds a block of shape {blocks[r].shape}, expected {expected} for {src}",
@@ -120,8 +127,8 @@ def apply_transition(
         raise ExecutionError(
             f"the steps end at {DistSpec(mesh, tuple(state))}, not at {dst}", step=len(steps)
         )
-    want = local_shape(shape, mesh, dst.placements)
     for r, block in current.items():
+        want = local_shape_on(shape, mesh, dst.placements, r)
         if block.shape != want:  # pragma: no cover - guards a planner bug
             raise ExecutionError(f"rank {r} ends with shape {block.shape}, not {want}", rank=r)
     return current

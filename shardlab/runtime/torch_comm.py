@@ -14,6 +14,12 @@ block and the flat tensor torch sends.
   `reduce_scatter_single`, all_to_all -> `all_to_all_single`; local_slice and local_partial
   need no peer. Each is issued with `async_op=True` and returns its handle (None: nothing
   to wait for) and a `Finish` that makes its outputs once the handle is done.
+- uneven shards (a dim that does not divide its mesh axes): a rank cannot see its peers'
+  block sizes, so the caller passes them (`sizes`: per group position, along the dim the
+  step gathers or moves; `placement.group_sizes`). all_gather and reduce_scatter pad every
+  block to the largest and trim after (NCCL's *_into_tensor / *_tensor need equal blocks,
+  and the cost model charges the padded message); all_to_all sends the real pieces with
+  split sizes; local_slice cuts as `numpy.array_split`; S -> P pads by the real offsets.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from shardlab.mesh import Mesh
 from shardlab.ops.base import Array
 from shardlab.placement import Shard
 from shardlab.reshard import CommStep
-from shardlab.runtime.reshard_exec import partial_op, shard_dim
+from shardlab.runtime.reshard_exec import pad_shard, partial_op, shard_dim
 from shardlab.runtime.sharded import axes_group
 from shardlab.runtime.torch_launch import BACKEND, torch_modules
 
@@ -105,45 +111,63 @@ def _empty(n: int, like: Array) -> Any:
     return torch.from_numpy(np.empty(n, dtype=like.dtype))
 
 
-def start_step(xs: Sequence[Array], step: CommStep, g: Group) -> tuple[Any, Finish]:
-    """Issue comm step `step` on every block of `xs` over group `g`."""
+#: Per group position, the block sizes along the dim a step gathers or moves (None: even).
+Sizes = tuple[int, ...] | None
+
+
+def start_step(
+    xs: Sequence[Array], step: CommStep, g: Group, sizes: Sequence[Sizes] | None = None
+) -> tuple[Any, Finish]:
+    """Issue comm step `step` on every block of `xs` over group `g`; `sizes[i]`: the group's
+    block sizes along the source shard dim of block i (uneven shards; None: all equal)."""
     if step.kind == "all_reduce":
         return all_reduce(xs, partial_op(step.src, step), g)
-    started = [_start_one(x, step, g) for x in xs]
+    per = list(sizes) if sizes is not None else [None] * len(xs)
+    started = [_start_one(x, step, g, s) for x, s in zip(xs, per, strict=True)]
     handles = [h for h, _ in started if h is not None]
     return Handles(handles) if handles else None, lambda: [f()[0] for _, f in started]
 
 
-def _start_one(x: Array, step: CommStep, g: Group) -> tuple[Any, Finish]:
+def _even(x: Array, dim: int, g: Group, sizes: Sizes) -> tuple[int, ...]:
+    """`sizes`, or this rank's block size along `dim` at every position (equal blocks)."""
+    return tuple(sizes) if sizes is not None else (x.shape[dim],) * g.n
+
+
+def _start_one(x: Array, step: CommStep, g: Group, sizes: Sizes) -> tuple[Any, Finish]:
     """Issue one step (other than all_reduce) on one block."""
     if step.kind == "all_gather":
-        return _all_gather(x, shard_dim(step.src, step), g)
+        d = shard_dim(step.src, step)
+        return _all_gather(x, d, g, _even(x, d, g, sizes))
     if step.kind == "reduce_scatter":
         return _reduce_scatter(x, partial_op(step.src, step), shard_dim(step.dst, step), g)
     if step.kind == "all_to_all":
-        return _all_to_all(x, shard_dim(step.src, step), shard_dim(step.dst, step), g)
+        d = shard_dim(step.src, step)
+        return _all_to_all(x, d, shard_dim(step.dst, step), g, _even(x, d, g, sizes))
     if step.kind == "local_slice":
-        piece = np.split(x, g.n, axis=shard_dim(step.dst, step))[g.pos].copy()
+        piece = np.array_split(x, g.n, axis=shard_dim(step.dst, step))[g.pos].copy()
         return None, lambda: [piece]
     if step.kind == "local_partial":
-        made = _local_partial(x, step, g)
+        made = _local_partial(x, step, g, sizes)
         return None, lambda: [made]
     raise ExecutionError(f"unknown step kind {step.kind!r}", step=step.kind)
 
 
-def _local_partial(x: Array, step: CommStep, g: Group) -> Array:
+def _local_partial(x: Array, step: CommStep, g: Group, sizes: Sizes) -> Array:
     """R or S(d) -> P(op) on this rank, as `reshard_exec.apply_step` does it."""
     op = partial_op(step.dst, step)
     if isinstance(step.src, Shard):
         d = step.src.dim
-        shape = list(x.shape)
-        shape[d] *= g.n
-        out = np.zeros(shape, dtype=x.dtype)
-        where = [slice(None)] * x.ndim
-        where[d] = slice(g.pos * x.shape[d], (g.pos + 1) * x.shape[d])
-        out[tuple(where)] = x * g.n if op == "avg" else x
-        return out
+        return pad_shard(x, _even(x, d, g, sizes), g.pos, d, op)
     return x.copy() if op != "sum" or g.pos == 0 else np.zeros_like(x)
+
+
+def _padded(x: Array, dim: int, size: int) -> Array:
+    """`x` zero-padded along `dim` to `size` (a copy)."""
+    if x.shape[dim] == size:
+        return np.array(x, copy=True)
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (0, size - x.shape[dim])
+    return np.pad(x, widths)
 
 
 def _torch_op(op: str) -> Any:
@@ -177,53 +201,81 @@ def _newer(dist: ModuleType, name: str, old: str) -> Any:
     return getattr(dist, name, None) or getattr(dist, old)
 
 
-def _all_gather(x: Array, dim: int, g: Group) -> tuple[Any, Finish]:
+def _all_gather(x: Array, dim: int, g: Group, sizes: tuple[int, ...]) -> tuple[Any, Finish]:
+    """Every position's block, padded to the largest along `dim` for the call, trimmed after."""
     _, dist = torch_modules()
     if g.pg is None:
         return None, lambda: [x.copy()]
-    out = _empty(g.n * x.size, x)
+    big = max(sizes)
+    padded = _padded(x, dim, big)
+    out = _empty(g.n * padded.size, x)
     gather = _newer(dist, "all_gather_single", "all_gather_into_tensor")
-    handle = gather(out, tensor(x), group=g.pg, async_op=True)
+    handle = gather(out, tensor(padded), group=g.pg, async_op=True)
 
     def finish() -> list[Array]:
-        got = out.numpy().reshape(g.n, *x.shape)
-        by_pos = [got[g.mesh_pos.index(c)] for c in range(g.n)]
+        got = out.numpy().reshape(g.n, *padded.shape)
+        by_pos = [np.take(got[g.mesh_pos.index(c)], range(sizes[c]), axis=dim)
+                  for c in range(g.n)]  # fmt: skip
         return [np.concatenate(by_pos, axis=dim)]
 
     return handle, finish
 
 
 def _reduce_scatter(x: Array, op: str, dim: int, g: Group) -> tuple[Any, Finish]:
+    """This rank's `numpy.array_split` chunk of the reduced block; every chunk is padded to
+    the largest (the first) for the call and this rank's is trimmed after."""
     _, dist = torch_modules()
-    chunks = np.split(x, g.n, axis=dim)
+    chunks = np.array_split(x, g.n, axis=dim)
     if g.pg is None:
         return None, lambda: [chunks[0].copy()]
-    send = tensor(np.concatenate([np.ravel(chunks[c]) for c in g.mesh_pos]))
-    out = _empty(chunks[0].size, x)
+    big = chunks[0].shape[dim]
+    padded = [_padded(c, dim, big) for c in chunks]
+    send = tensor(np.concatenate([np.ravel(padded[c]) for c in g.mesh_pos]))
+    out = _empty(padded[0].size, x)
     scatter = _newer(dist, "reduce_scatter_single", "reduce_scatter_tensor")
     handle = scatter(out, send, op=_torch_op(op), group=g.pg, async_op=True)
+    mine = chunks[g.pos].shape[dim]
 
     def finish() -> list[Array]:
-        got = out.numpy().reshape(chunks[0].shape)
+        got = np.take(out.numpy().reshape(padded[0].shape), range(mine), axis=dim)
         return [got / g.n if op == "avg" else got]
 
     return handle, finish
 
 
-def _all_to_all(x: Array, src_dim: int, dst_dim: int, g: Group) -> tuple[Any, Finish]:
-    """S(src_dim) -> S(dst_dim): chunk j of this block (along dst_dim) goes to position j;
-    the chunks received are concatenated along src_dim in mesh order."""
+def _all_to_all(
+    x: Array, src_dim: int, dst_dim: int, g: Group, sizes: tuple[int, ...]
+) -> tuple[Any, Finish]:
+    """S(src_dim) -> S(dst_dim): chunk j of this block (along dst_dim, as `numpy.array_split`
+    cuts it) goes to position j; the chunks received (position c's is `sizes[c]` long along
+    src_dim) are concatenated along src_dim in mesh order. Split sizes, no padding."""
     _, dist = torch_modules()
-    chunks = np.split(x, g.n, axis=dst_dim)
+    chunks = np.array_split(x, g.n, axis=dst_dim)
     if g.pg is None:
         return None, lambda: [chunks[0].copy()]
     send = tensor(np.concatenate([np.ravel(chunks[c]) for c in g.mesh_pos]))
-    out = _empty(send.numel(), x)
-    handle = dist.all_to_all_single(out, send, group=g.pg, async_op=True)
+    mine = list(chunks[g.pos].shape)
+
+    def shape_from(c: int) -> tuple[int, ...]:
+        shape = list(mine)
+        shape[src_dim] = sizes[c]
+        return tuple(shape)
+
+    recv = [int(np.prod(shape_from(c))) for c in g.mesh_pos]
+    out = _empty(sum(recv), x)
+    handle = dist.all_to_all_single(
+        out,
+        send,
+        output_split_sizes=recv,
+        input_split_sizes=[chunks[c].size for c in g.mesh_pos],
+        group=g.pg,
+        async_op=True,
+    )
 
     def finish() -> list[Array]:
-        got = out.numpy().reshape(g.n, *chunks[0].shape)
-        by_pos = [got[g.mesh_pos.index(c)] for c in range(g.n)]
+        flat = np.split(out.numpy(), np.cumsum(recv)[:-1])
+        got = {c: piece for c, piece in zip(g.mesh_pos, flat, strict=True)}
+        by_pos = [got[c].reshape(shape_from(c)) for c in range(g.n)]
         return [np.concatenate(by_pos, axis=src_dim)]
 
     return handle, finish

@@ -37,10 +37,19 @@ import numpy as np
 
 from shardlab.errors import ExecutionError
 from shardlab.ops.base import Array
+from shardlab.placement import Shard, group_sizes
 from shardlab.program import DistOp, DistProgram
+from shardlab.reshard import CommStep
 from shardlab.runtime import hazards as hz
 from shardlab.runtime.kernels import KERNELS, CollectiveRequest, LocalContext
-from shardlab.runtime.torch_comm import Finish, Group, all_reduce, make_groups, start_step
+from shardlab.runtime.torch_comm import (
+    Finish,
+    Group,
+    Sizes,
+    all_reduce,
+    make_groups,
+    start_step,
+)
 from shardlab.runtime.torch_launch import BACKEND, torch_modules
 
 #: One rank's blocks: value name -> array.
@@ -306,4 +315,16 @@ class RankRun:
         if len(op.inputs) != len(op.outputs):
             raise ExecutionError(f"comm op {op.name!r} needs one output per input", op=op.name)
         xs = [self.read(op, v) for v in op.inputs]
-        return start_step(xs, step, self.groups[(step.axis,)])
+        return start_step(xs, step, self.groups[(step.axis,)], self.step_sizes(op, step))
+
+    def step_sizes(self, op: DistOp, step: CommStep) -> list[Sizes]:
+        """Per input, the group's block sizes along the dim `step` gathers or moves (uneven
+        shards: a rank cannot see its peers' blocks); None where the step cuts no shard."""
+        p = self.program
+        k = p.mesh.axis_index(step.axis)
+        if not isinstance(step.src, Shard):
+            return [None] * len(op.inputs)
+        return [
+            group_sizes(p.types[v].shape, p.mesh, p.specs[v].placements, k, self.me)
+            for v in op.inputs
+        ]

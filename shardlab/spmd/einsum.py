@@ -42,6 +42,13 @@ combination of options is priced, so a choice on one axis can shrink what anothe
 
 A sharded letter that no output carries is contracted: the outputs become `Partial(op)`,
 with `op` from the signature (`sum` for matmul, `avg` for a mean, `max` for a max).
+
+Uneven shards: a letter may be split into blocks of different sizes (a dim that does not
+divide its axes) when every dim it names has the same size (the same cut everywhere) and no
+rank's block is empty; a letter naming dims of different sizes (grouped-query heads) must
+divide evenly. A mean over uneven blocks is not the mean of the block means: where an `avg`
+letter is split unevenly, every axis splitting an `avg` letter makes `Partial(sum)` and the
+kernel scales the local mean by the rank's share of the elements (`global_mean`).
 """
 
 from __future__ import annotations
@@ -160,17 +167,64 @@ def solve(ctx: RuleContext, sig: Signature) -> RuleResult:
         choices.append(AxisChoice(axis, option.label, option.driver, cost, tuple(others.items())))
     letters = {o.label for o in best if o.shards}
     kernels = {sig.kernels[letter] for letter in letters if letter in sig.kernels}
+    kernel = kernels.pop() if kernels else "default"
+    outputs = [tuple(o.outputs[j] for o in best) for j in range(len(sig.outputs))]
+    reason = _reason(ctx, sig, choices)
+    if _uneven_mean(ctx, sig, best):
+        kernel = GLOBAL_MEAN[kernel]
+        outputs = [
+            tuple(
+                Partial("sum") if o.shards and sig.contraction.get(o.label) == "avg" else p
+                for o, p in zip(best, placements, strict=True)
+            )
+            for placements in outputs
+        ]
+        reason += (
+            "; the mean's blocks are uneven, so each rank scales its local mean by its share "
+            "of the elements and the outputs are partial sums"
+        )
     return RuleResult(
         input_specs=tuple(
             DistSpec(mesh, tuple(o.inputs[i] for o in best)) for i in range(len(sig.inputs))
         ),
-        output_specs=tuple(
-            DistSpec(mesh, tuple(o.outputs[j] for o in best)) for j in range(len(sig.outputs))
-        ),
-        reason=_reason(ctx, sig, choices),
-        kernel=kernels.pop() if kernels else "default",
+        output_specs=tuple(DistSpec(mesh, placements) for placements in outputs),
+        reason=reason,
+        kernel=kernel,
         choices=tuple(choices),
         cost=cost,
+    )
+
+
+#: kernel -> the kernel that also rescales a mean over uneven blocks (`runtime.kernels`)
+GLOBAL_MEAN = {
+    "default": "global_mean",
+    "cross_entropy_vocab_parallel": "cross_entropy_vocab_parallel+global_mean",
+}
+
+
+def _parts(ctx: RuleContext, combo: Combo) -> dict[str, int]:
+    """Letter -> the number of blocks the combination splits it into."""
+    parts: dict[str, int] = {}
+    for k, option in enumerate(combo):
+        if option.shards:
+            parts[option.label] = parts.get(option.label, 1) * ctx.mesh.shape[k]
+    return parts
+
+
+def _letter_sizes(ctx: RuleContext, sig: Signature, letter: str) -> set[int]:
+    tensors = [
+        *zip(sig.inputs, ctx.input_types, strict=True),
+        *zip(sig.outputs, ctx.output_types, strict=True),
+    ]
+    return {t.shape[d] for letters, t in tensors for d, ch in enumerate(letters) if ch == letter}
+
+
+def _uneven_mean(ctx: RuleContext, sig: Signature, combo: Combo) -> bool:
+    """True when the combination splits a letter the op averages over into uneven blocks."""
+    return any(
+        sig.contraction.get(letter) == "avg"
+        and any(size % count for size in _letter_sizes(ctx, sig, letter))
+        for letter, count in _parts(ctx, combo).items()
     )
 
 
@@ -211,15 +265,16 @@ def honours_hints(ctx: RuleContext, k: int, inputs: Sequence[Placement]) -> bool
 
 
 def _valid(ctx: RuleContext, sig: Signature, combo: Combo) -> bool:
-    """Every letter divides over all the axes sharding it, and at most one local kernel."""
-    parts: dict[str, int] = {}
-    for k, option in enumerate(combo):
-        if option.shards:
-            parts[option.label] = parts.get(option.label, 1) * ctx.mesh.shape[k]
+    """Every letter splits over all the axes sharding it (`_divides`), at most one local
+    kernel, and a mean over uneven blocks only where a kernel can rescale it."""
+    parts = _parts(ctx, combo)
     kernels = {sig.kernels[letter] for letter in parts if letter in sig.kernels}
-    return len(kernels) <= 1 and all(
+    if len(kernels) > 1 or not all(
         _divides(ctx, sig, letter, count) for letter, count in parts.items() if count > 1
-    )
+    ):
+        return False
+    kernel = next(iter(kernels), "default")
+    return kernel in GLOBAL_MEAN or not _uneven_mean(ctx, sig, combo)
 
 
 def _cost(ctx: RuleContext, combo: Combo, flops: float) -> tuple[float, float]:
@@ -264,17 +319,12 @@ def _output_target(
 
 
 def _divides(ctx: RuleContext, sig: Signature, letter: str, need: int) -> bool:
-    """True when every dim named `letter` splits evenly into `need` blocks."""
-    tensors = [
-        *zip(sig.inputs, ctx.input_types, strict=True),
-        *zip(sig.outputs, ctx.output_types, strict=True),
-    ]
-    return all(
-        t.shape[d] % need == 0
-        for letters, t in tensors
-        for d, ch in enumerate(letters)
-        if ch == letter
-    )
+    """True when every dim named `letter` splits into `need` blocks the same way: evenly, or
+    (uneven blocks) when all those dims have one size and no block is empty."""
+    sizes = _letter_sizes(ctx, sig, letter)
+    if all(size % need == 0 for size in sizes):
+        return True
+    return len(sizes) == 1 and min(sizes) >= need
 
 
 def _keepable(ctx: RuleContext, sig: Signature, letter: str, n: int) -> bool:

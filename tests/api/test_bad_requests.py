@@ -93,10 +93,10 @@ RESOURCES: dict[str, tuple[str, dict[str, Any]]] = {
     "strategy": ("/api/strategies", {"name": "dp2", "mesh": "dp=2", "templates": ["dp"]}),
     # 4 devices: more than cpu-local's 2
     "wide": ("/api/strategies", {"name": "wide", "mesh": "dp=2,tp=2", "templates": ["dp"]}),
-    # w1 is [32, 8]: dim 1 does not split in 3
+    # w1 is [32, 8]: dim 1 in 16 leaves ranks empty (uneven splits are fine, issue 21)
     "uneven": (
         "/api/strategies",
-        {"name": "uneven", "mesh": "tp=3", "annotations": ["w1=tp:S(1)"]},
+        {"name": "uneven", "mesh": "tp=16", "annotations": ["w1=tp:S(1)"]},
     ),
     # mlp_demo has no layers: the annotation matches no value, serial or training
     "ghost": (
@@ -106,12 +106,12 @@ RESOURCES: dict[str, tuple[str, dict[str, Any]]] = {
     # w1.exp_avg (AdamW's state of w1, in the training graph only) is [32, 8]
     "uneven_state": (
         "/api/strategies",
-        {"name": "uneven-state", "mesh": "tp=3", "annotations": ["w1.exp_avg=tp:S(1)"]},
+        {"name": "uneven-state", "mesh": "tp=16", "annotations": ["w1.exp_avg=tp:S(1)"]},
     ),
-    # the dp template shards x [16, 16] along dim 0: not in 3
+    # the dp template shards x [16, 16] along dim 0: 32 ranks leave some empty
     "uneven_template": (
         "/api/strategies",
-        {"name": "uneven-template", "mesh": "dp=3", "templates": ["dp"]},
+        {"name": "uneven-template", "mesh": "dp=32", "templates": ["dp"]},
     ),
     "plan": ("/api/plans", {"model_id": Ref("model"), "strategy_id": Ref("strategy")}),
     "cluster": ("/api/clusters", {"name": "lab", "spec": SPEC}),
@@ -265,16 +265,17 @@ CASES = [
          {"model_id": Ref("model"), "strategy_id": Ref("wide"), "cluster": "cpu-local"},
          detail={"cluster": "cpu-local"}),
     Case("plan-placement-not-divisible", "POST", "/api/plans", 422, "invalid_placement",
-         "cannot shard dim 1 of 'w1' (size 8) over mesh axes tp (3)",
+         "cannot shard dim 1 of 'w1' (size 8) over mesh axes tp (16)",
          {"model_id": Ref("model"), "strategy_id": Ref("uneven")},
          detail={"dim": 1, "size": 8, "axes": ["tp"]}),
     Case("plan-state-placement-not-divisible", "POST", "/api/plans", 422, "invalid_placement",
-         "cannot shard dim 1 of 'w1.exp_avg' (size 8) over mesh axes tp (3)",
+         "cannot shard dim 1 of 'w1.exp_avg' (size 8) over mesh axes tp (16)",
          {"model_id": Ref("model"), "strategy_id": Ref("uneven_state")},
          detail={"dim": 1, "size": 8, "axes": ["tp"]}),
     Case("plan-template-not-divisible", "POST", "/api/plans", 422, "invalid_placement",
-         "cannot shard dim 0 of 'x' (size 16) over mesh axes dp (3): 16 is not divisible by 3 "
-         "(asked by annotation 'x=dp:S(0)' from template dp)",
+         "cannot shard dim 0 of 'x' (size 16) over mesh axes dp (32): 32 shards of 16 elements "
+         "would leave 16 rank(s) with an empty block (asked by annotation 'x=dp:S(0)' from "
+         "template dp)",
          {"model_id": Ref("model"), "strategy_id": Ref("uneven_template")},
          detail={"dim": 0, "size": 16, "axes": ["dp"]}),
     Case("plan-annotation-matches-no-value", "POST", "/api/plans", 422, "invalid_strategy",

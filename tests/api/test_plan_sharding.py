@@ -15,7 +15,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from backend.settings import Settings
-from tests.api.test_plans import TINY, run_jobs, setup_plan
+from tests.api.test_plans import TINY, _created, run_jobs, setup_plan
 
 DOWN = "layers.0.mlp.down_proj.weight"
 
@@ -29,7 +29,8 @@ def check_tiles(blocks: dict[str, Any]) -> None:
     assert sorted(ranks) == list(range(math.prod(a["size"] for a in blocks["mesh"]["axes"])))
     tiles: dict[tuple[tuple[int, int], ...], set[int]] = {}
     for r in ranks.values():
-        assert r["local_shape"] == [b - a for a, b in r["ranges"]] == blocks["local_shape"]
+        assert r["local_shape"] == [b - a for a, b in r["ranges"]]
+        assert all(m <= big for m, big in zip(r["local_shape"], blocks["local_shape"], strict=True))
         assert all(0 <= a < b <= n for (a, b), n in zip(r["ranges"], shape, strict=True))
         tiles.setdefault(tuple(map(tuple, r["ranges"])), set()).add(r["rank"])
         for group in ("replica_group", "partial_group"):
@@ -152,3 +153,50 @@ def test_values_and_blocks(
         assert answer.status_code == 404 and answer.json()["code"] == "not_found", path
         assert "plan" in answer.json()["message"]
     assert client.get("/api/plans/999999/values").status_code == 404
+
+
+def test_uneven_blocks_have_each_ranks_own_ranges(client: TestClient, settings: Settings) -> None:
+    """vocab 257 over tp=2 (129 + 128 rows) and a batch of 5 over dp=2 (3 + 2 sequences)."""
+    model = _created(
+        client.post(
+            "/api/models",
+            json={
+                "name": "odd",
+                "preset": "llama3-8b",
+                "overrides": {**TINY, "vocab": 257, "batch": 5},
+            },
+        )
+    )
+    strategy = _created(
+        client.post(
+            "/api/strategies",
+            json={"name": "odd", "mesh": "dp=2,tp=2", "templates": ["dp", "megatron_tp"]},
+        )
+    )
+    plan = _created(
+        client.post(
+            "/api/plans",
+            json={
+                "model_id": model["id"],
+                "strategy_id": strategy["id"],
+                "cluster": "h100-sxm-1x4",
+            },
+        )
+    )
+    assert run_jobs(settings) == 1
+    plan_id = plan["id"]
+    values = {v["name"]: v for v in client.get(f"/api/plans/{plan_id}/values").json()["values"]}
+    table = next(n for n, v in values.items() if v["shape"] == [257, 64] and "S(0)" in v["spec"])
+    blocks = client.get(f"/api/plans/{plan_id}/blocks/{table}").json()
+    assert blocks["spec"] == "RS(0)" and blocks["even"] is False
+    assert blocks["local_shape"] == [129, 64]  # the largest block
+    assert [(r["ranges"][0], r["local_shape"]) for r in blocks["ranks"]] == [
+        ([0, 129], [129, 64]), ([129, 257], [128, 64]),
+        ([0, 129], [129, 64]), ([129, 257], [128, 64]),
+    ]  # fmt: skip
+    check_tiles(blocks)
+    tokens = next(n for n, v in values.items() if v["kind"] == "input" and v["shape"] == [5, 16])
+    batch = client.get(f"/api/plans/{plan_id}/blocks/{tokens}").json()
+    assert batch["spec"].startswith("S(0)") and batch["local_shape"] == [3, 16]
+    assert [r["ranges"][0] for r in batch["ranks"]] == [[0, 3], [0, 3], [3, 5], [3, 5]]
+    check_tiles(batch)

@@ -137,13 +137,30 @@ def test_groups_follow_the_placements() -> None:
     assert by_rank[7].ranges == ((0, 8), (6, 12), (0, 4))
 
 
-def test_uneven_split_is_refused_like_the_engine() -> None:
+def test_an_empty_shard_is_refused_like_the_engine() -> None:
     spec = DistSpec.parse("S(0)", LINE)
-    with pytest.raises(PlacementError, match="not divisible by 4") as ours:
-        rank_blocks((6, 2), spec)
+    with pytest.raises(PlacementError, match="empty block") as ours:
+        rank_blocks((3, 2), spec)
     with pytest.raises(PlacementError) as engine:
-        distribute(np.zeros((6, 2)), spec)
+        distribute(np.zeros((3, 2)), spec)
     assert str(ours.value) == str(engine.value)
+
+
+def test_uneven_blocks_are_the_ones_the_engine_cuts() -> None:
+    spec = DistSpec.parse("S(0)S(1)", SQUARE)
+    blocks = rank_blocks((5, 7), spec)
+    assert [b.ranges for b in blocks] == [
+        ((0, 3), (0, 4)), ((0, 3), (4, 7)), ((3, 5), (0, 4)), ((3, 5), (4, 7)),
+    ]  # fmt: skip
+    assert [b.local_shape for b in blocks] == [(3, 4), (3, 3), (2, 4), (2, 3)]
+    full = np.arange(35.0).reshape(5, 7)
+    data = distribute(full, spec)
+    for b in blocks:
+        assert data[b.rank].shape == b.local_shape
+        np.testing.assert_array_equal(data[b.rank], full[tuple(slice(*r) for r in b.ranges)])
+    out = blocks_json((5, 7), spec)
+    assert out["local_shape"] == [3, 4] and out["even"] is False
+    assert blocks_json((4, 8), spec)["even"] is True
 
 
 def test_json_form() -> None:

@@ -16,12 +16,16 @@ from shardlab.placement import (
     Shard,
     check_placements,
     format_placements,
+    group_sizes,
     index_ranges,
+    is_even,
     local_shape,
+    local_shape_on,
     local_slices,
     parse_placements,
     placements_from_dims,
     placements_to_dims,
+    split_sizes,
 )
 
 MESH = Mesh((2, 4), ("dp", "tp"))
@@ -153,14 +157,17 @@ def test_dist_spec() -> None:
 
 def test_check_placements_errors() -> None:
     with pytest.raises(PlacementError) as err:
-        check_placements((8, 10), MESH, (R, Shard(1)), "w")
+        check_placements((8, 3), MESH, (R, Shard(1)), "w")
     assert err.value.message == (
-        "cannot shard dim 1 of 'w' (size 10) over mesh axes tp (4): 10 is not divisible by 4"
+        "cannot shard dim 1 of 'w' (size 3) over mesh axes tp (4): 4 shards of 3 elements "
+        "would leave 1 rank(s) with an empty block"
     )
-    assert err.value.detail == {"dim": 1, "size": 10, "axes": ["tp"]}
+    assert err.value.detail == {"dim": 1, "size": 3, "axes": ["tp"]}
     with pytest.raises(PlacementError) as err:
-        check_placements((8, 12), MESH, (Shard(1), Shard(1)), "w")
-    assert "over mesh axes dp (2), tp (4): 12 is not divisible by 8" in err.value.message
+        check_placements((8, 5), MESH, (Shard(1), Shard(1)), "w")
+    assert "dim 1 of 'w' (size 5) over mesh axes dp (2), tp (4): 8 shards" in err.value.message
+    check_placements((8, 10), MESH, (R, Shard(1)), "w")  # uneven: 3, 3, 2, 2
+    check_placements((8, 12), MESH, (Shard(1), Shard(1)), "w")
     with pytest.raises(PlacementError) as err:
         check_placements((8,), MESH, (R, Shard(1)), "bias")
     assert err.value.message == (
@@ -199,6 +206,34 @@ def test_index_ranges_left_axis_outermost() -> None:
     assert index_ranges((8, 6), CUBE, (Shard(1), Partial(), Shard(0)), 5) == ((4, 8), (3, 6))
 
 
+def test_uneven_blocks_follow_array_split() -> None:
+    mesh = Mesh((4,), ("tp",))
+    ranges = [index_ranges((6, 10), mesh, (Shard(0),), r) for r in mesh.ranks]
+    assert [r[0] for r in ranges] == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    assert [local_shape_on((6, 10), mesh, (Shard(0),), r) for r in mesh.ranks] == [
+        (2, 10), (2, 10), (1, 10), (1, 10),
+    ]  # fmt: skip
+    assert local_shape((6, 10), mesh, (Shard(0),)) == (2, 10)  # the largest block
+    assert split_sizes(50257, 4) == (12565, 12564, 12564, 12564)
+    vocab = [index_ranges((50257, 8), mesh, (Shard(0),), r)[0] for r in mesh.ranks]
+    assert vocab == [(0, 12565), (12565, 25129), (25129, 37693), (37693, 50257)]
+
+
+def test_nested_uneven_blocks_split_the_outer_block() -> None:
+    mesh = Mesh((2, 2), ("dp", "tp"))
+    # dp cuts 6 into 3 + 3, then tp cuts each 3 into 2 + 1
+    blocks = [index_ranges((6,), mesh, (Shard(0), Shard(0)), r)[0] for r in mesh.ranks]
+    assert blocks == [(0, 2), (2, 3), (3, 5), (5, 6)]
+    assert local_shape((6,), mesh, (Shard(0), Shard(0))) == (2,)
+    assert group_sizes((6,), mesh, (Shard(0), Shard(0)), 1, 2) == (2, 1)
+    assert group_sizes((7, 2), mesh, (Shard(0), R), 0, 3) == (4, 3)
+    with pytest.raises(PlacementError) as err:
+        check_placements((3,), mesh, (Shard(0), Shard(0)), "tokens")
+    assert "dim 0 of 'tokens' (size 3) over mesh axes dp (2), tp (2)" in err.value.message
+    assert is_even((8,), mesh, (Shard(0), Shard(0)))
+    assert not is_even((6,), mesh, (Shard(0), Shard(0)))
+
+
 def test_local_slices() -> None:
     arr = np.arange(48).reshape(8, 6)
     slices = local_slices(arr.shape, MESH, (Shard(1), Shard(0)), 6)
@@ -221,6 +256,7 @@ def layouts(
     shape = tuple(
         draw(st.integers(1, 3))
         * math.prod(n for n, p in zip(mesh.shape, placements, strict=True) if p == Shard(d))
+        + draw(st.integers(0, 2))  # uneven blocks too
         for d in range(tensor_rank)
     )
     return shape, mesh, placements
@@ -236,7 +272,10 @@ def test_blocks_tile_the_tensor(layout: tuple[tuple[int, ...], Mesh, tuple[Place
     holders: Counter[tuple[tuple[int, int], ...]] = Counter()
     for rank in mesh.ranks:
         ranges = index_ranges(shape, mesh, placements, rank)
-        assert tuple(b - a for a, b in ranges) == local
+        mine = tuple(b - a for a, b in ranges)
+        assert mine == local_shape_on(shape, mesh, placements, rank)
+        assert all(0 < m <= big or big == 0 for m, big in zip(mine, local, strict=True))
+        assert all(big - m <= 1 for m, big in zip(mine, local, strict=True))
         counts[local_slices(shape, mesh, placements, rank)] += 1
         holders[ranges] += 1
     assert (counts == replicas).all()
@@ -254,7 +293,7 @@ def test_reassemble_from_local_blocks(
     locals_ = {r: arr[local_slices(shape, mesh, placements, r)].copy() for r in mesh.ranks}
     out = np.full(shape, -1)
     for rank, block in locals_.items():
-        assert block.shape == local_shape(shape, mesh, placements)
+        assert block.shape == local_shape_on(shape, mesh, placements, rank)
         out[local_slices(shape, mesh, placements, rank)] = block
     np.testing.assert_array_equal(out, arr)
 

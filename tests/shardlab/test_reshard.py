@@ -151,15 +151,15 @@ def test_plans_are_cached() -> None:
     assert plan("S(0)R", "RS(1)", "2x2") is plan("S(0)R", "RS(1)", "2x2")
 
 
-def test_mismatched_mesh_and_uneven_placements_are_rejected() -> None:
+def test_mismatched_mesh_and_empty_shards_are_rejected() -> None:
     mesh, other = MESHES["2x2"], MESHES["4"]
     with pytest.raises(PlacementError, match="must be on mesh"):
         plan_transition(
             SHAPE, "float32", mesh, DistSpec.parse("RR", mesh), DistSpec.parse("R", other)
         )
-    with pytest.raises(PlacementError, match="divisible"):
+    with pytest.raises(PlacementError, match="empty block"):
         plan_transition(
-            (3, 8, 8), "float32", mesh, DistSpec.parse("RR", mesh), DistSpec.parse("S(0)R", mesh)
+            (3, 8, 8), "float32", mesh, DistSpec.parse("RR", mesh), DistSpec.parse("S(0)S(0)", mesh)
         )
 
 

@@ -12,6 +12,9 @@ same contiguous run of the group's elements. A sharding of an inner dim of a mer
 to the group's outer dim first (one all_to_all of the block, where a gather would move n
 blocks; PyTorch keeps such a layout as a `_StridedShard`, which we do not have). A sharding
 that cannot carry is dropped (the input is required replicated on that mesh axis).
+Uneven blocks (a dim the shards do not divide) carry only through a kept dim (the same size
+in and out): splitting a hidden dim into heads the shards do not divide would cut a head
+apart on some rank, so that sharding is dropped.
 The local kernel reshapes each block to its local output shape (`reshape_local`).
 """
 
@@ -132,9 +135,12 @@ def _reshape(ctx: RuleContext, move: bool) -> RuleResult:
         what = _group_text(group, x.shape, y.shape)
         o = group[1][0] if group[1] else None
         outer = group[0][0]
-        if o is not None and y.shape[o] % (parts.get(o, 1) * n):
-            shards = parts.get(o, 1) * n
-            why = f"output dim {o} (size {y.shape[o]}) does not divide into {shards} shards"
+        shards = parts.get(o, 1) * n if o is not None else n
+        if o is not None and not _same_cut(x.shape[outer], y.shape[o], shards):
+            why = (
+                f"output dim {o} (size {y.shape[o]}) does not divide into {shards} shards "
+                f"cut where input dim {outer} (size {x.shape[outer]}) is cut"
+            )
         elif o is None:
             why = f"input dim {p.dim} has no output dim to carry to ({what})"
         elif outer == p.dim:
@@ -175,6 +181,15 @@ def _reshape(ctx: RuleContext, move: bool) -> RuleResult:
         choices=choices,
         cost=cost,
     )
+
+
+def _same_cut(size_in: int, size_out: int, shards: int) -> bool:
+    """True when cutting a group's outer input dim (`size_in`) and its first output dim
+    (`size_out`) into `shards` blocks gives every rank the same run of the group's elements:
+    both divide evenly, or (uneven blocks) the two dims are the same dim, kept."""
+    if size_in % shards == 0 and size_out % shards == 0:
+        return True
+    return size_in == size_out and size_out >= shards
 
 
 def _fits_shard(

@@ -196,3 +196,15 @@ def test_boolean_and_choice_settings_parse() -> None:
     with pytest.raises(PresetError) as err:
         build_model("gpt", {"attention": "fast"})
     assert err.value.detail == {"key": "attention"}
+
+
+def test_pad_vocab_rounds_the_vocab_rows_up() -> None:
+    small = {"layers": 1, "hidden": 16, "heads": 4, "seq": 4, "batch": 2}
+    padded = build_model("gpt2", {**small, "pad_vocab": "512"})  # 50257 -> 50688
+    assert padded.type_of("embed.weight").shape == (50688, 16)
+    untied = build_model("llama3-8b", {**small, "kv_heads": 2, "vocab": 257, "pad_vocab": 8})
+    assert untied.type_of("embed.weight").shape == (264, 16)
+    assert untied.type_of("lm_head.weight").shape == (16, 264)
+    assert build_model("gpt2", small).type_of("embed.weight").shape == (50257, 16)
+    with pytest.raises(PresetError, match="pad_vocab must be positive"):
+        build_model("gpt2", {**small, "pad_vocab": 0})
