@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from shardlab.ir import Graph, ValueKind
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+from shardlab.repeats import layer_of
 
 
 def count_layers(graph: Graph) -> int:
-    """Number of distinct `layers.N` module scopes (0 for a model without them)."""
-    found = {m.group(1) for op in graph.ops if (m := _LAYER.search(op.scope))}
-    return len(found)
+    """Number of distinct numbered layers: `layers.N` in presets, `model.layers.N` or
+    `transformer.h.N` in imported models (the family with the most layers; 0 without any)."""
+    by_family: dict[str, set[int]] = {}
+    for op in graph.ops:
+        found = layer_of(op.scope)
+        if found is not None:
+            by_family.setdefault(found[0], set()).add(found[1])
+    return max((len(indices) for indices in by_family.values()), default=0)
 
 
 def model_summary(graph: Graph) -> dict[str, Any]:

@@ -26,8 +26,17 @@
 - `zero2`: `zero1` plus the gradients the optimizer reads: they are reduce-scattered
   instead of all-reduced (ZeRO stage 2). On a training graph only.
 
-Templates match the module paths of Shardlab's presets (`layers.{i}.attn.q_proj.weight`);
-patterns that match nothing in a graph are reported, not errors.
+Templates match the module paths of Shardlab's presets (`layers.{i}.attn.q_proj.weight`)
+and of imported Hugging Face models (`shardlab.importers`), whose parameters keep their
+PyTorch names and layouts: Llama-style `model.layers.{i}.self_attn.{q,k,v,o}_proj` and
+`mlp.{gate,up,down}_proj` are `nn.Linear` ([out, in]: column-parallel is `S(0)` of the
+weight, row-parallel `S(1)`), `model.embed_tokens` and `lm_head` ([vocab, hidden]: both
+`S(0)`); GPT-2's `transformer.h.{i}.attn.c_attn` (fused q/k/v), `mlp.c_fc` and the two
+`c_proj` are `Conv1D` ([in, out], as the presets: column `S(1)`, row `S(0)`), `transformer.wte`
+`S(0)` (the tied lm_head reads it). An imported model's residual stream is the output of
+each `add` made directly in a layer's scope (`model.layers.3.add_1`), with the dropouts it
+adds and the embedding outputs; its norm outputs are those of `rms_norm` / `layer_norm` ops.
+Patterns that match nothing in a graph are reported, not errors.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from shardlab.annotation import Annotation, StrategyError, TemplateUse
 from shardlab.ir import Graph, OpRole, ValueKind
 from shardlab.mesh import Mesh
 from shardlab.placement import Placement, Replicate, Shard
-from shardlab.repeats import repeats_of
+from shardlab.repeats import layer_of, repeats_of
 
 #: The dropouts before each residual add (models with dropout): in Megatron-LM they run in
 #: the residual stream's region (replicated with tensor parallelism, sequence-sharded with
@@ -88,9 +97,78 @@ HEAD_SPLITS = {"q": "layers.*.attn.q_heads", "k": "layers.*.attn.k_heads"}
 
 
 def _heads(graph: Graph, part: str) -> int | None:
-    """The head count of attention projection `part` ("q" or "k"), if the graph has one."""
+    """The head count of attention projection `part` ("q" or "k"), if the graph has one
+    (an imported model's are in its meta: `attention_heads`, `kv_heads`)."""
     names = repeats_of(graph).match(HEAD_SPLITS[part], graph.values.keys())
-    return graph.type_of(names[0]).shape[2] if names else None
+    if names:
+        return graph.type_of(names[0]).shape[2]
+    found = graph.meta.get("attention_heads" if part == "q" else "kv_heads")
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
+#: Imported Hugging Face modules: (module path suffix, the weight's placement in its column-
+#: or row-parallel role). nn.Linear weights are [out, in]; GPT-2's Conv1D's [in, out].
+HF_COLUMN = (("self_attn.q_proj", Shard(0)), ("self_attn.k_proj", Shard(0)),
+             ("self_attn.v_proj", Shard(0)), ("mlp.gate_proj", Shard(0)),
+             ("mlp.up_proj", Shard(0)), ("attn.c_attn", Shard(1)),
+             ("mlp.c_fc", Shard(1)))  # fmt: skip
+HF_ROW = (("self_attn.o_proj", Shard(1)), ("mlp.down_proj", Shard(1)), ("attn.c_proj", Shard(0)),
+          ("mlp.c_proj", Shard(0)))  # fmt: skip
+HF_KV = ("self_attn.k_proj", "self_attn.v_proj")
+HF_VOCAB = ("*embed_tokens.weight", "transformer.wte.weight", "lm_head.weight")
+_NORMS = frozenset({"rms_norm", "layer_norm"})
+
+
+def _imported_residual(graph: Graph) -> list[str]:
+    """An imported model's residual stream: the forward `add`s made in a layer's own scope
+    (`model.layers.3`), the dropout outputs they add, and the embedding outputs."""
+    out = []
+    for op in graph.ops:
+        if op.role != OpRole.FORWARD:
+            continue
+        if op.kind == "embedding":
+            out.append(op.outputs[0])
+        elif op.kind == "add" and _is_layer_scope(op.scope):
+            out.append(op.outputs[0])
+            for v in op.inputs:
+                made = graph.producer(v)
+                if made is not None and made.kind == "dropout" and v == made.outputs[0]:
+                    out.append(v)
+    return out
+
+
+def _is_layer_scope(scope: str) -> bool:
+    where = layer_of(scope)
+    return where is not None and scope == f"{where[0]}.{where[1]}"
+
+
+def _imported_norms(graph: Graph) -> list[str]:
+    return [op.outputs[0] for op in graph.ops
+            if op.role == OpRole.FORWARD and op.kind in _NORMS]  # fmt: skip
+
+
+def _hf_megatron(graph: Graph, axis: str, replicate_kv: bool, note: str) -> list[Annotation]:
+    out = []
+    for module, weight in HF_COLUMN:
+        if replicate_kv and module in HF_KV:
+            for param in ("weight", "bias"):
+                pattern = f"*.{module}.{param}"
+                out.append(_ann(pattern, axis, Replicate(), "megatron_tp", note=note))
+            continue
+        out.append(_ann(f"*.{module}.weight", axis, weight, "megatron_tp"))
+        out.append(_ann(f"*.{module}.bias", axis, Shard(0), "megatron_tp"))
+    for module, weight in HF_ROW:
+        out.append(_ann(f"*.{module}.weight", axis, weight, "megatron_tp"))
+        out.append(_ann(f"*.{module}.bias", axis, Replicate(), "megatron_tp"))
+    out += [_ann(p, axis, Shard(0), "megatron_tp") for p in HF_VOCAB]
+    out += [_ann(v, axis, Replicate(), "megatron_tp") for v in _imported_residual(graph)]
+    names, repeats = graph.values.keys(), repeats_of(graph)
+    return [a for a in out if repeats.match(a.pattern, names)]  # only this family's names
+
+
+def _imported(graph: Graph) -> bool:
+    """A graph imported from PyTorch (its values keep PyTorch's names)."""
+    return "importer" in graph.meta
 
 
 def megatron_tp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
@@ -124,10 +202,15 @@ def megatron_tp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annot
     out.append(_ann("embed.weight", axis, Shard(0), "megatron_tp"))
     out.append(_ann("lm_head.weight", axis, Shard(1), "megatron_tp"))
     out += [_ann(p, axis, Replicate(), "megatron_tp") for p in RESIDUAL]
+    if _imported(graph):
+        out = _hf_megatron(graph, axis, replicate_kv, note)
     return out
 
 
 def sequence_parallel(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
+    if _imported(graph):
+        names = [*_imported_residual(graph), *_imported_norms(graph)]
+        return [_ann(v, axis, Shard(1), "sequence_parallel") for v in names]
     out = [_ann(p, axis, Shard(1), "sequence_parallel") for p in RESIDUAL]
     out += [_ann(p, axis, Shard(1), "sequence_parallel") for p in NORM_OUTPUTS]
     return out

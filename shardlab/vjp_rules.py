@@ -152,7 +152,15 @@ def _matmul(
         else:  # dA = dY B^T
             da = ctx.one("matmul", [dy, b], {"transpose_b": not tb})
         da = ctx.sum_to(da, a)
-    if needs[1]:
+    if needs[1] and ctx.type(b).rank == 2 and ctx.type(a).rank > 2 and not ta:
+        # a weight read by a batch of rows (x [..., k] @ W, PyTorch's nn.Linear as imported):
+        # contract the leading dims away in one matmul, as `linear` does, rather than make a
+        # weight-sized gradient per batch element and sum them
+        k, n = ctx.type(a).shape[-1], ctx.type(dy).shape[-1]
+        a2 = ctx.one("reshape", [a], {"shape": [-1, k]})
+        dy2 = ctx.one("reshape", [dy], {"shape": [-1, n]})
+        db = ctx.one("matmul", [dy2, a2] if tb else [a2, dy2], {"transpose_a": True})
+    elif needs[1]:
         if tb:  # b holds B^T: dB^T = dY^T A
             db = ctx.one("matmul", [dy, a], {"transpose_a": True, "transpose_b": ta})
         else:  # dB = A^T dY

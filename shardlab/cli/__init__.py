@@ -9,6 +9,8 @@ and exit with status 1. The service's commands (serve, worker, db, token) are ad
 from shardlab.cli import (  # noqa: F401  (register commands)
     calibrate_cmd,
     check_cmd,
+    export_cmd,
+    import_cmd,
     measure_cmd,
     model_cmds,
     plan_cmd,

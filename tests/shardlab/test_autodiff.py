@@ -161,7 +161,15 @@ def test_gpt2_tied_embedding_accumulates_both_uses() -> None:
     acc = tg.producer("embed.weight.grad")
     assert acc is not None and acc.kind == "add" and acc.role == OpRole.BACKWARD
     kinds = {tg.producer(v).kind for v in acc.inputs}  # type: ignore[union-attr]
-    assert kinds == {"embedding_grad", "reshape"}  # the lm_head matmul's dB, summed to [V, H]
+    assert kinds == {"embedding_grad", "matmul"}  # the lm_head matmul's dB, already [V, H]
+    head_grad = next(
+        tg.producer(v)
+        for v in acc.inputs
+        if tg.producer(v).kind == "matmul"  # type: ignore[union-attr]
+    )
+    # one matmul over the flattened batch and sequence: never a [batch, V, H] gradient
+    assert tg.value(head_grad.outputs[0]).type.shape == (GPT2["vocab"], GPT2["hidden"])
+    assert all(tg.value(v).type.rank == 2 for v in head_grad.inputs)
 
 
 @pytest.mark.parametrize("model", list(MODELS))

@@ -1,0 +1,330 @@
+"""A plan as a PyTorch module: `parallelize(model, world_mesh=None)` with DTensor styles.
+
+What it is for: `shardlab export-plan --format dtensor` (and the service's export route)
+turn a built `Plan` into a small Python module that applies the same layout to the torch
+model whose parameter FQNs are the plan's value names. This module only writes text: it
+never imports torch.
+
+How the plan's placements become torch calls (`derive_export`), decided from every
+parameter's actual placements (`export.parameters`), never from template names alone:
+
+- Each mesh axis (other than `pp`) is one of: a *tensor-parallel* axis (some parameter is
+  sharded on it and pinned there), an *FSDP* axis (parameters sharded but gathered before
+  use: the `fsdp` / `zero3` annotations, `pin=False`), a *data* axis (every parameter
+  replicated, the inputs' batch dim split: `dp`, and `zero1` / `zero2`, which have no exact
+  DTensor form: exported as data parallel, said in the module and the CLI), or idle.
+- On the tensor-parallel axis each module gets the style its parameters' placements (in
+  torch's layout) spell: weight `Shard(0)` -> `ColwiseParallel`, `Shard(1)` ->
+  `RowwiseParallel` (for `nn.Embedding` the other way round: a vocab-sharded table is
+  `RowwiseParallel(input_layouts=Replicate())`); a replicated norm whose output the plan
+  keeps sequence-sharded -> `SequenceParallel()`; a replicated linear whose input arrives
+  sequence-sharded -> `PrepareModuleInput`. Input and output layouts are the plan's: a
+  column-parallel module reads its input as the plan lays it out (`Shard(1)` with sequence
+  parallelism), a row-parallel module's partial sums go where the plan's consumers want them
+  (`Replicate()` or `Shard(1)`), and a column-parallel module feeding the loss gathers its
+  output (`Replicate()`, torchtitan's path without loss parallelism). A parameter whose
+  placement the style would not give (a replicated bias under a column-parallel weight, a
+  sharded norm) is refused with an `ExportError` naming it.
+- The FSDP axis: `fully_shard(unit, mesh=...)` per repeated layer (the module FQN up to its
+  first numeric component, `layers.3`) and then the root, each parameter sharded on the dim
+  the plan shards (`shard_placement_fn`); data axes beside it make it HSDP
+  (`mesh[(data, fsdp)]`). Data axes alone: `replicate` (DDP) on that sub-mesh.
+- `recompute: full` wraps every layer in `checkpoint_wrapper`; `selective` is described (its
+  op-level policy is torchtitan's `selective_ac_option = "op"`); a `pp` axis is not applied:
+  the module lists each stage's layers (`PIPELINE_STAGES`) for `torch.distributed.pipelining`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from shardlab.export.parameters import (
+    EMBEDDING,
+    LINEAR,
+    NORM,
+    PIPELINE_AXIS,
+    ExportError,
+    ParamLayout,
+    parameter_layouts,
+)
+from shardlab.ir import OpRole, ValueKind
+from shardlab.placement import Partial, Placement, Replicate, Shard
+from shardlab.plan import Plan
+
+TENSOR, FSDP, DATA, IDLE = "tensor", "fsdp", "data", "idle"
+#: Templates that shard optimizer state only: no exact DTensor form.
+ZERO_STATE_ONLY = ("zero1", "zero2")
+_LAYER_UNIT = re.compile(r"^(.*?\.\d+)(?:\.|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class Style:
+    """One module's tensor-parallel style: the class and its keyword arguments (as code)."""
+
+    cls: str  # ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput
+    kwargs: tuple[tuple[str, str], ...] = ()
+
+    def code(self) -> str:
+        return f"{self.cls}({', '.join(f'{k}={v}' for k, v in self.kwargs)})"
+
+
+@dataclass
+class DTensorExport:
+    """What the generated module does, decided from the plan (module docstring)."""
+
+    model: str
+    mesh_shape: tuple[int, ...]
+    mesh_axes: tuple[str, ...]
+    mesh_ranks: tuple[int, ...] | None  # None: the default row-major order
+    roles: dict[str, str]  # mesh axis -> TENSOR, FSDP, DATA or IDLE (pp left out)
+    params: list[ParamLayout]
+    tp_axis: str | None = None
+    tp_plan: dict[str, Style] = field(default_factory=dict)
+    fsdp_axis: str | None = None
+    fsdp_dims: dict[str, int] = field(default_factory=dict)  # param -> torch dim
+    fsdp_units: list[str] = field(default_factory=list)
+    data_axes: list[str] = field(default_factory=list)
+    recompute: str = "none"
+    pipeline_stages: dict[int, list[str]] = field(default_factory=dict)
+    #: what neither export can say exactly (both carry these)
+    notes: list[str] = field(default_factory=list)
+    #: what only the generated module needs to say
+    module_notes: list[str] = field(default_factory=list)
+    #: the plan reads the loss's logits replicated on the tp axis (no vocab-parallel loss)
+    loss_gathered: bool = True
+
+
+def _axis_index(plan: Plan, axis: str) -> int:
+    return list(plan.completed.mesh.axis_names).index(axis)
+
+
+def _on(plan: Plan, value: str, axis: str) -> Placement:
+    return plan.completed.specs[value].placements[_axis_index(plan, axis)]
+
+
+def _axis_roles(plan: Plan, params: list[ParamLayout]) -> dict[str, str]:
+    roles = {}
+    for axis in plan.completed.mesh.axis_names:
+        sharded = [p for p in params if isinstance(p.placements[axis], Shard)]
+        pinned = {p.pinned[axis] for p in sharded}
+        if pinned == {True, False}:
+            a = next(p for p in sharded if p.pinned[axis])
+            b = next(p for p in sharded if not p.pinned[axis])
+            raise ExportError(
+                f"mesh axis {axis!r} mixes tensor parallelism ({a.name!r} is pinned "
+                f"{a.placements[axis]}) with FSDP ({b.name!r} is gathered before use); DTensor "
+                "applies one of them per mesh axis",
+                axis=axis,
+                value=a.name,
+            )
+        if pinned:
+            roles[axis] = TENSOR if True in pinned else FSDP
+            continue
+        inputs = plan.model.values_of_kind(ValueKind.INPUT)
+        split = any(_on(plan, v.name, axis) == Shard(0) for v in inputs if v.type.rank)
+        roles[axis] = DATA if split else IDLE
+    return roles
+
+
+def _forward_reader(plan: Plan, param: ParamLayout) -> tuple[str, str] | None:
+    """(input value, output value) of the forward op that reads `param` (its module's op)."""
+    for op in plan.completed.graph.consumers(param.name):
+        if op.role == OpRole.FORWARD and op.inputs[0] != param.name:
+            return op.inputs[0], op.outputs[0]
+    return None
+
+
+def _wanted(plan: Plan, value: str, axis: str) -> Placement:
+    """How the plan lays `value` out on `axis` for its readers: its own placement, or, where
+    it is a partial sum, what its forward consumers reshard it to."""
+    have = _on(plan, value, axis)
+    if not isinstance(have, Partial):
+        return have
+    i = _axis_index(plan, axis)
+    for op in plan.completed.graph.consumers(value):
+        if op.role not in (OpRole.FORWARD, OpRole.LOSS):
+            continue
+        rule = plan.completed.rules[op.name]
+        for k, name in enumerate(op.inputs):
+            if name == value and not isinstance(rule.input_specs[k].placements[i], Partial):
+                return rule.input_specs[k].placements[i]
+    return Replicate()
+
+
+def _feeds_loss(plan: Plan, value: str) -> bool:
+    return any(op.role == OpRole.LOSS for op in plan.completed.graph.consumers(value))
+
+
+def _layout(p: Placement, rank: int) -> str:
+    """A torch placement as code (`Shard(d)` on the last dim of an activation as `Shard(-1)`)."""
+    if isinstance(p, Shard):
+        return "Shard(-1)" if p.dim == rank - 1 and rank > 2 else f"Shard({p.dim})"
+    return "Replicate()"
+
+
+def _style_params(style: str, kind: str) -> dict[str, Placement]:
+    """The torch placement a style gives a module's weight and bias on the tp axis."""
+    col: dict[str, Placement] = {"weight": Shard(0), "bias": Shard(0)}
+    row: dict[str, Placement] = {"weight": Shard(1), "bias": Replicate()}
+    if kind == EMBEDDING:
+        col, row = {"weight": Shard(1)}, {"weight": Shard(0)}
+    return {"ColwiseParallel": col, "RowwiseParallel": row}.get(style, {})
+
+
+def _module_style(plan: Plan, axis: str, module: str, params: list[ParamLayout]) -> Style | None:
+    weight = next((p for p in params if p.attr == "weight"), params[0])
+    kind = weight.kind
+    placement = weight.torch_placement(axis)
+    reader = _forward_reader(plan, weight)
+
+    def rank_of(value: str) -> int:
+        return plan.completed.graph.type_of(value).rank
+
+    style: Style | None = None
+    if isinstance(placement, Shard) and kind in (LINEAR, EMBEDDING) and reader is not None:
+        x, y = reader
+        column = placement.dim == (0 if kind == LINEAR else 1)
+        if column:
+            kwargs = []
+            if kind == LINEAR and _on(plan, x, axis) != Replicate():
+                kwargs.append(("input_layouts", _layout(_on(plan, x, axis), rank_of(x))))
+            if _feeds_loss(plan, y):
+                kwargs.append(("output_layouts", "Replicate()"))
+            style = Style("ColwiseParallel", tuple(kwargs))
+        else:
+            kwargs = [("input_layouts", "Replicate()")] if kind == EMBEDDING else []
+            out = _wanted(plan, y, axis)
+            if out != Replicate():
+                kwargs.append(("output_layouts", _layout(out, rank_of(y))))
+            style = Style("RowwiseParallel", tuple(kwargs))
+    elif all(isinstance(p.placements[axis], Replicate) for p in params) and reader is not None:
+        x, y = reader
+        if kind == NORM and isinstance(_on(plan, y, axis), Shard):
+            style = Style("SequenceParallel")
+        elif kind == LINEAR and isinstance(_on(plan, x, axis), Shard):
+            have = _layout(_on(plan, x, axis), rank_of(x))
+            style = Style("PrepareModuleInput", (
+                ("input_layouts", f"({have},)"), ("desired_input_layouts", "(Replicate(),)"),
+                ("use_local_output", "True"),
+            ))  # fmt: skip
+    expected = _style_params(style.cls if style else "", kind)
+    for p in params:
+        want = expected.get(p.attr, Replicate())
+        if p.torch_placement(axis) != want:
+            what = style.cls if style else "no tensor-parallel style"
+            raise ExportError(
+                f"parameter {p.name!r} is placed {p.placements[axis]} on mesh axis {axis!r} "
+                f"({p.torch_placement(axis)} in torch's layout), but its module {module!r} "
+                f"takes {what}, which places it {want}: no DTensor style gives this layout",
+                value=p.name,
+                axis=axis,
+                placement=str(p.placements[axis]),
+            )
+    return style
+
+
+def derive_export(plan: Plan) -> DTensorExport:
+    """Decide the generated module's mesh, styles and FSDP units (module docstring)."""
+    params = parameter_layouts(plan)
+    mesh = plan.strategy.mesh
+    default = tuple(range(mesh.size))
+    out = DTensorExport(
+        model=plan.model.name,
+        mesh_shape=tuple(mesh.shape),
+        mesh_axes=tuple(mesh.axis_names),
+        mesh_ranks=None if tuple(mesh.ranks) == default else tuple(mesh.ranks),
+        roles=_axis_roles(plan, params),
+        params=params,
+        recompute=plan.strategy.recompute,
+    )
+    for role in (TENSOR, FSDP):
+        axes = [a for a, r in out.roles.items() if r == role]
+        if len(axes) > 1:
+            raise ExportError(
+                f"mesh axes {', '.join(map(repr, axes))} are both {role}-parallel; the DTensor "
+                f"export applies {role} parallelism on one mesh axis",
+                axis=axes[1],
+            )
+    out.data_axes = [a for a, r in out.roles.items() if r == DATA]
+    out.tp_axis = next((a for a, r in out.roles.items() if r == TENSOR), None)
+    out.fsdp_axis = next((a for a, r in out.roles.items() if r == FSDP), None)
+    by_module: dict[str, list[ParamLayout]] = {}
+    for p in params:
+        by_module.setdefault(p.module, []).append(p)
+    if out.tp_axis is not None:
+        for module, group in by_module.items():
+            style = _module_style(plan, out.tp_axis, module, group)
+            if style is not None:
+                out.tp_plan[module] = style
+    if out.fsdp_axis is not None:
+        for p in params:
+            placement = p.torch_placement(out.fsdp_axis)
+            if isinstance(placement, Shard):
+                out.fsdp_dims[p.name] = placement.dim
+    units = {m.group(1) for p in params if (m := _LAYER_UNIT.match(p.name))}
+    out.fsdp_units = sorted(units, key=_natural)
+    _notes(plan, out)
+    return out
+
+
+def _natural(name: str) -> list[object]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _notes(plan: Plan, out: DTensorExport) -> None:
+    zero = [t for t in plan.strategy.templates if t.name in ZERO_STATE_ONLY]
+    for t in zero:
+        out.notes.append(
+            f"{t.name} on mesh axis {t.axis!r} has no exact DTensor form (it shards only the "
+            f"optimizer state{' and the gradients' if t.name == 'zero2' else ''}): exported as "
+            "data parallelism (replicate); "
+            "fully_shard(reshard_after_forward=False) is the closest FSDP setting"
+        )
+    if out.recompute == "selective":
+        out.module_notes.append(
+            "recompute 'selective' is not applied here: torchtitan's selective activation "
+            'checkpointing (selective_ac_option = "op") is the equivalent'
+        )
+    if plan.pipeline is not None:
+        a = plan.pipeline.assignment
+        units = [u for u in out.fsdp_units if u.rsplit(".", 1)[-1].isdigit()]
+        for stage in range(a.pp):
+            layers = set(a.layers_of_stage(stage))
+            out.pipeline_stages[stage] = [u for u in units if int(u.rsplit(".", 1)[1]) in layers]
+        out.module_notes.append(
+            f"the {PIPELINE_AXIS!r} axis is not applied by parallelize(): split the model into "
+            "PIPELINE_STAGES with torch.distributed.pipelining (schedule "
+            f"{plan.pipeline.options.schedule}, {plan.pipeline.options.microbatches} "
+            "micro-batches) and call parallelize() on each stage's module"
+        )
+    if out.tp_axis is not None:
+        out.module_notes.append(
+            "tensor parallelism splits attention by heads: the model must infer its local head "
+            "count, e.g. q.view(batch, seq, -1, head_dim)"
+        )
+        out.loss_gathered = _loss_gathered(plan, out.tp_axis)
+        if not out.loss_gathered:
+            out.module_notes.append(
+                "the plan feeds the loss vocab-sharded logits; here the column-parallel module "
+                "before the loss gathers them (output_layouts=Replicate()); for a vocab-parallel "
+                "loss use output_layouts=Shard(-1), use_local_output=False and torch's "
+                "loss_parallel()"
+            )
+
+
+def _loss_gathered(plan: Plan, axis: str) -> bool:
+    """Whether the plan reads the loss's logits replicated on `axis`."""
+    i = _axis_index(plan, axis)
+    for op in plan.completed.graph.ops:
+        if op.kind == "cross_entropy":
+            spec = plan.completed.rules[op.name].input_specs[0]
+            return isinstance(spec.placements[i], Replicate)
+    return True
+
+
+def render_dtensor(plan: Plan) -> str:
+    """The generated Python module's text (module docstring)."""
+    from shardlab.export.dtensor_render import render
+
+    return render(derive_export(plan), plan)

@@ -1,0 +1,189 @@
+"""`shardlab.export.dtensor`: the generated module for tp, tp+sp, fsdp, dp x tp plans, the
+layout rule, and the placements it refuses (no torch needed here: text only)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardlab.errors import ShardlabError
+from shardlab.export.dtensor import DATA, FSDP, TENSOR, derive_export, render_dtensor
+from shardlab.export.parameters import ExportError, parameter_layouts
+from shardlab.ir import Graph, OpRole
+from shardlab.mesh import Mesh
+from shardlab.models import GraphBuilder, build_model
+from shardlab.placement import Replicate, Shard
+from shardlab.plan import Plan, build_plan
+from shardlab.strategy import Strategy
+
+TINY = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 256,
+        "seq": 16, "batch": 8}  # fmt: skip
+
+
+def tiny_plan(mesh: str, templates: list[str], annotations: list[str] | None = None,
+              **options: object) -> Plan:  # fmt: skip
+    strategy = Strategy.build(mesh, templates, annotations or [], options)
+    return build_plan(build_model("llama3-8b", TINY), strategy, passes=False)
+
+
+def styles(plan: Plan) -> dict[str, str]:
+    return {m: s.code() for m, s in derive_export(plan).tp_plan.items()}
+
+
+def test_megatron_tp_columns_rows_vocab_and_head() -> None:
+    plan = tiny_plan("tp=2", ["megatron_tp"])
+    got = styles(plan)
+    for module in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+        assert got[f"layers.1.{module}"] == "ColwiseParallel()"
+    assert got["layers.0.attn.o_proj"] == got["layers.1.mlp.down_proj"] == "RowwiseParallel()"
+    assert got["embed"] == "RowwiseParallel(input_layouts=Replicate())"
+    assert got["lm_head"] == "ColwiseParallel(output_layouts=Replicate())"
+    assert "layers.0.attn_norm" not in got and "final_norm" not in got  # replicated, no SP
+    export = derive_export(plan)
+    assert export.roles == {"tp": TENSOR} and export.fsdp_axis is None
+    text = render_dtensor(plan)
+    ast.parse(text)
+    assert "parallelize_module(model, mesh[TP_AXIS], tp_plan())" in text
+    assert "fully_shard" not in text and "replicate(" not in text
+    assert '"layers.0.attn.q_proj.weight": ("S(0)",),' in text  # [in, out] S(1) -> torch S(0)
+    assert '"layers.0.attn.o_proj.weight": ("S(1)",),' in text
+
+
+def test_sequence_parallel_norms_and_layouts() -> None:
+    got = styles(tiny_plan("tp=2", ["megatron_tp", "sequence_parallel"]))
+    for norm in ("layers.0.attn_norm", "layers.1.mlp_norm", "final_norm"):
+        assert got[norm] == "SequenceParallel()"
+    assert got["layers.0.attn.q_proj"] == "ColwiseParallel(input_layouts=Shard(1))"
+    assert got["layers.1.mlp.down_proj"] == "RowwiseParallel(output_layouts=Shard(1))"
+    assert got["embed"] == "RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))"
+    assert got["lm_head"] == ("ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())")
+
+
+def test_fsdp_units_and_shard_dims_follow_the_plan() -> None:
+    plan = tiny_plan("dp=2", ["fsdp"])
+    export = derive_export(plan)
+    assert export.roles == {"dp": FSDP} and export.tp_plan == {}
+    assert export.fsdp_units == ["layers.0", "layers.1"]
+    # the template shards each parameter on its first dim: [in, out] -> torch dim 1
+    assert export.fsdp_dims["layers.0.attn.q_proj.weight"] == 1
+    assert export.fsdp_dims["embed.weight"] == 0
+    assert export.fsdp_dims["final_norm.weight"] == 0
+    assert len(export.fsdp_dims) == len(parameter_layouts(plan))
+    text = render_dtensor(plan)
+    ast.parse(text)
+    assert 'fully_shard(model.get_submodule(unit), mesh=dp_mesh, shard_placement_fn=placement)' \
+        in text  # fmt: skip
+    assert '"layers.1.mlp.down_proj.weight": 1,' in text
+
+
+def test_dp_by_tp_replicates_on_the_data_axis() -> None:
+    plan = tiny_plan("dp=2,tp=2", ["dp", "megatron_tp"])
+    export = derive_export(plan)
+    assert export.roles == {"dp": DATA, "tp": TENSOR} and export.data_axes == ["dp"]
+    text = render_dtensor(plan)
+    assert "replicate(model, mesh=mesh[DATA_AXES[0]])" in text
+    assert 'MESH_SHAPE = (2, 2)\nMESH_AXES = ("dp", "tp")' in text
+    assert '"layers.0.attn.q_proj.weight": ("R", "S(0)"),' in text
+    # HSDP: a data axis beside an FSDP axis shards on both as one mesh
+    hsdp = render_dtensor(tiny_plan("r=2,dp=2", ["dp:r", "fsdp:dp"]))
+    assert "dp_mesh = mesh[(*DATA_AXES, FSDP_AXIS)]" in hsdp
+
+
+def test_zero1_is_exported_as_data_parallelism_with_a_note() -> None:
+    plan = tiny_plan("dp=2", ["dp", "zero1"])
+    export = derive_export(plan)
+    assert export.roles == {"dp": DATA}
+    assert any("zero1" in n and "no exact DTensor form" in n for n in export.notes)
+    assert "no exact DTensor form" in render_dtensor(plan)
+
+
+def test_recompute_full_wraps_the_layers_and_pipeline_stages_are_listed() -> None:
+    text = render_dtensor(tiny_plan("dp=2", ["fsdp"], recompute="full"))
+    assert "checkpoint_wrapper(owner.get_submodule(child))" in text
+    piped = tiny_plan("pp=2,tp=2", ["megatron_tp"], pipeline={"schedule": "1f1b"})
+    export = derive_export(piped)
+    assert export.pipeline_stages == {0: ["layers.0"], 1: ["layers.1"]}
+    assert "PIPELINE_STAGES = {\n    0: [\"layers.0\"],\n    1: [\"layers.1\"],\n}" in \
+        render_dtensor(piped)  # fmt: skip
+
+
+def test_refusals_name_the_parameter_axis_and_placement() -> None:
+    with pytest.raises(ExportError, match=r"'layers\.0\.mlp\.up_proj\.weight' is placed P\(sum\)"):
+        derive_export(tiny_plan("tp=2", ["megatron_tp"], ["layers.0.mlp.up_proj.weight=tp:P(sum)"]))
+    with pytest.raises(
+        ExportError, match=r"'final_norm\.weight' is placed S\(0\) on mesh axis 'tp'"
+    ):
+        derive_export(tiny_plan("tp=2", ["megatron_tp"], ["final_norm.weight=tp:S(0)"]))
+    with pytest.raises(ExportError, match="mixes tensor parallelism"):
+        derive_export(tiny_plan("tp=2", ["fsdp:tp", "megatron_tp"]))  # norms: fsdp
+    with pytest.raises(ExportError, match="both tensor-parallel"):
+        derive_export(tiny_plan("a=2,b=2", ["megatron_tp:a", "megatron_tp:b"]))
+    assert issubclass(ExportError, ShardlabError)
+
+
+def _torch_layout_graph(conv1d: bool = False) -> Graph:
+    """A linear written as torch's (w [out, in], matmul with transpose_b), as importers do;
+    `conv1d`: Hugging Face's Conv1D instead (w [in, out] read by `linear`), imported."""
+    b = GraphBuilder("torchish", meta={"importer": "torch.export"} if conv1d else None)
+    x = b.input("x", (4, 8))
+    labels = b.input("labels", (4,), "int64")
+    with b.scope("proj"):
+        if conv1d:
+            w = b.param("weight", (8, 16), "float32")
+            y = b.op("linear", [x, w])
+        else:
+            w = b.param("weight", (16, 8), "float32")
+            y = b.op("matmul", [x, w], attrs={"transpose_b": True})
+    with b.scope("loss"):
+        loss = b.op("cross_entropy", [y, labels], role=OpRole.LOSS)
+    return b.build([loss])
+
+
+def test_layout_rule_reads_the_op_that_reads_the_weight() -> None:
+    plan = build_plan(_torch_layout_graph(), Strategy.build("tp=2", [], ["proj.weight=tp:S(0)"]),
+                      passes=False)  # fmt: skip
+    (w,) = parameter_layouts(plan)
+    assert (w.kind, w.transposed, w.torch_shape) == ("linear", False, (16, 8))
+    assert w.torch_placement("tp") == Shard(0)  # already torch's: no flip
+    assert derive_export(plan).tp_plan["proj"].cls == "ColwiseParallel"
+    preset = parameter_layouts(tiny_plan("tp=2", ["megatron_tp"]))
+    q = next(p for p in preset if p.name == "layers.0.attn.q_proj.weight")
+    assert q.transposed and q.placements["tp"] == Shard(1) and q.torch_placement("tp") == Shard(0)
+    norm = next(p for p in preset if p.name == "final_norm.weight")
+    assert not norm.transposed and norm.torch_placement("tp") == Replicate()
+    conv1d = Strategy.build("tp=2", [], ["proj.weight=tp:S(1)"])
+    imported = build_plan(_torch_layout_graph(conv1d=True), conv1d, passes=False)
+    (conv,) = parameter_layouts(imported)
+    assert not conv.transposed and conv.torch_placement("tp") == Shard(1)  # stored [in, out]
+
+
+def test_generated_modules_are_ruff_clean(tmp_path: Path) -> None:
+    pytest.importorskip("ruff")
+    plans = {
+        "tp_sp": tiny_plan("tp=2", ["megatron_tp", "sequence_parallel"]),
+        "fsdp_full": tiny_plan("dp=2", ["fsdp"], recompute="full"),
+        "hsdp_tp": tiny_plan("r=2,dp=2,tp=2", ["dp:r", "fsdp:dp", "megatron_tp"]),
+        "pp": tiny_plan("pp=2,tp=2", ["megatron_tp"], pipeline={"schedule": "1f1b"}),
+        "ranks": build_plan(
+            build_model("llama3-8b", TINY),
+            Strategy.build(Mesh((2, 2), ("dp", "tp"), (0, 2, 1, 3)), ["dp", "megatron_tp"]),
+            passes=False,
+        ),
+    }
+    paths = []
+    for name, plan in plans.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(render_dtensor(plan))
+        paths.append(str(path))
+    rules = ["--select", "E,F,W,I,B,UP", "--line-length", "100", "--target-version", "py311"]
+    lint = [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", *rules]
+    checked = subprocess.run([*lint, *paths], capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    fmt = [sys.executable, "-m", "ruff", "format", "--isolated", "--no-cache", "--check",
+           "--line-length", "100", *paths]  # fmt: skip
+    formatted = subprocess.run(fmt, capture_output=True, text=True, check=False)
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
