@@ -6,14 +6,15 @@ virtual stages, layer balance). The model is rebuilt for one micro-batch (a pres
 the pipeline axis (every stage runs the same templates on its own ranks), the passes run
 on that one-micro-batch program, and the cost is the schedule's (`cost.pipeline_slots`):
 each stage's units costed once and laid out as slots. With a cluster the cost guard judges
-every pass by that pipelined step.
+every pass by that pipelined step. The report names the tied weights (parameters read on
+several stages, held by each, their gradients all-reduced between them).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.autodiff import training_graph_of
@@ -26,11 +27,13 @@ from shardlab.models.config import OVERRIDABLE
 from shardlab.passes.manager import PASSES, run_passes
 from shardlab.passes.pipeline import stage_strategy
 from shardlab.passes.pipeline_schedule import PipelineError, PipelineOptions
+from shardlab.passes.pipeline_split import serial_places
 from shardlab.passes.pipeline_stages import (
     StageAssignment,
     assign_layers,
     assign_layers_by_time,
 )
+from shardlab.passes.pipeline_tied import tied_reason, tied_stages
 from shardlab.program import DistProgram
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy
@@ -85,6 +88,8 @@ class PipelineReport:
     options: PipelineOptions
     assignment: StageAssignment
     cost: PipelineSlotCost | None = None
+    #: parameters read on several stages (tied weights) -> those stages
+    tied: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """Schedule, stages (layers, chunks) and, when costed, step, bubble and memory per
@@ -96,6 +101,10 @@ class PipelineReport:
             "stages": [
                 {"stage": s, "layers": a.layers_of_stage(s), "chunks": a.chunks_of_stage(s)}
                 for s in range(a.pp)
+            ],
+            "tied_weights": [
+                {"param": p, "stages": list(st), "reason": tied_reason(p, st)}
+                for p, st in self.tied.items()
             ],
         }
         if self.cost is not None:
@@ -143,6 +152,7 @@ def build_pipelined(
                                 "layers on (--cluster)", option="balance")  # fmt: skip
         assignment = assign_layers_by_time(program, training, pp, options.virtual_stages,
                                            cluster)  # fmt: skip
+    tied = tied_stages(training, assignment, serial_places(training, assignment))
     cost = None
     if cluster is not None:
         cost = functools.partial(
@@ -168,7 +178,7 @@ def build_pipelined(
         micro,
         training,
         completed,
-        PipelineReport(options, assignment, raw[-1].cost),
+        PipelineReport(options, assignment, raw[-1].cost, tied),
         [(s.name, s.program, s.summary, s.cost) for s in raw],
     )
 

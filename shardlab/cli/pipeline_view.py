@@ -212,6 +212,24 @@ def pipelined_plan_lines(p: dict[str, Any]) -> list[str]:
                 + ("" if memory["fits"] else "  DOES NOT FIT")
             )
         lines.append(line)
+    lines += _tied_lines(p)
+    return lines
+
+
+def _tied_lines(p: dict[str, Any]) -> list[str]:
+    """One line per tied weight: the all-reduce of its gradient between the stages holding
+    it (with its size and time when costed), and why it is there."""
+    costed = {t["param"]: t for t in p.get("tied_all_reduces", [])}
+    lines = []
+    for tied in p.get("tied_weights", []):
+        line = f"  {tied['reason']}"
+        reduce = costed.get(tied["param"])
+        if reduce is not None:
+            line += (
+                f"; {human(reduce['bytes'], 'B')} per rank, {reduce['seconds'] * 1e3:.2f} ms, "
+                f"before the optimizer"
+            )
+        lines.append(line)
     return lines
 
 

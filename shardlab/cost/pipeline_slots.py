@@ -17,7 +17,13 @@ pipeline axis) and the stage assignment, and:
    backward for the next chunk's backward; each stage runs one unit at a time. The step ends
    when the last stage finishes its units and its tail. With equal units and free sends the
    idle share is exactly (p - 1) / (v m + p - 1) (tests check it);
-5. counts memory per stage as the schedule holds it: the model states of its layers, the
+5. prices tied weights (`TiedReduce`, Megatron-LM's embedding group): after the last
+   backward unit of every stage holding a tied weight, its gradient (one rank's block of
+   the partial the stages exchange: float32 `main_grad` for a 16-bit weight) is
+   all-reduced over those stages (the ranks at the same coordinates of the other axes, on
+   the link between them); each stage's tail starts once its all-reduces have ended;
+6. counts memory per stage as the schedule holds it (a tied weight's replica on each of its
+   stages): the model states of its layers, the
    activations one micro-batch keeps for the backward per chunk times the micro-batches in
    flight at the worst moment of the schedule (p - s for stage s of 1F1B: the first stage
    holds p, Korthikanti et al. 2022), plus the temporaries of one unit.
@@ -85,6 +91,45 @@ class StageMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class TiedReduce:
+    """The all-reduce of a tied weight's gradient between the stages holding it."""
+
+    param: str
+    stages: tuple[int, ...]
+    ranks: tuple[int, ...]  # the representative group: first ranks of the stages
+    bytes: float  # one rank's block of the exchanged partial (float32 main_grad in bf16)
+    seconds: float
+    start_s: float  # once every stage of the group has run its last backward unit
+    reason: str
+    stream: str = "comm:pp"
+
+    kind = "all_reduce"
+
+    @property
+    def name(self) -> str:
+        return f"tied_all_reduce:{self.param}"
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "stream": self.stream,
+            "param": self.param,
+            "stages": list(self.stages),
+            "ranks": list(self.ranks),
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "start": self.start_s,
+            "end": self.end_s,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class StageCost:
     """One pipeline stage: its ranks and layers, its unit times, when it ends, its memory."""
 
@@ -96,8 +141,13 @@ class StageCost:
     backward_s: tuple[float, ...]
     tail_s: float  # optimizer step and the gradient reductions before it
     busy_s: float  # the units' time over the step
-    end_s: float  # when its last unit ends (the tail follows)
+    end_s: float  # when its last unit ends (its tied all-reduces, then the tail, follow)
     memory: StageMemory
+    tied_end_s: float = 0.0  # when its tied weights' all-reduces end (0: it holds none)
+
+    @property
+    def tail_start_s(self) -> float:
+        return max(self.end_s, self.tied_end_s)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,6 +160,7 @@ class StageCost:
             "tail_s": self.tail_s,
             "busy_s": self.busy_s,
             "end_s": self.end_s,
+            "tied_end_s": self.tied_end_s,
             "memory": self.memory.to_json(),
         }
 
@@ -136,6 +187,8 @@ class PipelineSlotCost(StepFigures):
     unit_events: dict[tuple[int, str], tuple[Event, ...]] = field(default_factory=dict)
     #: seconds of one hop, by (from chunk, to chunk, phase)
     hops: dict[tuple[int, int, str], float] = field(default_factory=dict)
+    #: the all-reduces of tied weights' gradients between their stages
+    tied: list[TiedReduce] = field(default_factory=list)
 
     def slots(self) -> list[StageSlots]:
         """Every unit of the step as a slot on its stage: phase, model chunk, micro-batch,
@@ -201,6 +254,7 @@ class PipelineSlotCost(StepFigures):
             "memory_capacity_bytes": self.cluster.hbm_bytes,
             "fits": self.fits,
             "p2p_s": dict(self.p2p_s),
+            "tied_all_reduces": [t.to_json() for t in self.tied],
             "stages": [s.to_json() for s in self.stages],
         }
 
@@ -223,11 +277,13 @@ def cost_pipeline_slots(
     check_schedule(schedule, pp, microbatches, v)
     check_mesh_fits(mesh, cluster)
     split = Split(program, training, assignment, 1, axis)
+    program = split.program  # what the stages run: 16-bit tied weights sum float32 partials
     units: dict[tuple[int, str], list[int]] = {}
     tails: dict[int, list[int]] = {}
     for i, place in split.place.items():
-        if place.phase == "O":
-            tails.setdefault(split.stage(i), []).append(i)
+        if place.phase in ("T", "O"):
+            for s in split.stages_of(i):
+                tails.setdefault(s, []).append(i)
         else:
             units.setdefault((place.chunk, place.phase), []).append(i)
     times: dict[tuple[int, str], float] = {}
@@ -240,6 +296,8 @@ def cost_pipeline_slots(
         )
     p2p = _p2p_times(program, split, mesh, axis, cluster)
     orders, ends, busy = schedule_step(schedule, pp, microbatches, v, times, p2p)
+    tied = _tied_reduces(program, split, mesh, axis, cluster, ends)
+    tied_end = [max((t.end_s for t in tied if s in t.stages), default=0.0) for s in range(pp)]
     stages = []
     for s in range(pp):
         sub = mesh.submesh(axis, s)
@@ -257,6 +315,7 @@ def cost_pipeline_slots(
                 busy_s=busy[s],
                 end_s=ends[s],
                 memory=_stage_memory(program, training, split, s, orders[s], chunks, cluster),
+                tied_end_s=tied_end[s],
             )
         )
     facts = training_facts(training)
@@ -266,7 +325,7 @@ def cost_pipeline_slots(
         microbatches=microbatches,
         virtual_stages=v,
         stages=stages,
-        step=max(st.end_s + st.tail_s for st in stages),
+        step=max(st.tail_start_s + st.tail_s for st in stages),
         model_flops=facts.model_flops * microbatches,
         hardware_flops=facts.hardware_flops * microbatches,
         tokens=facts.tokens * microbatches,
@@ -276,7 +335,33 @@ def cost_pipeline_slots(
         unit_s=times,
         unit_events=unit_events,
         hops=p2p,
+        tied=tied,
     )
+
+
+def _tied_reduces(
+    program: DistProgram,
+    split: Split,
+    mesh: Mesh,
+    axis: str,
+    cluster: Cluster,
+    ends: Sequence[float],
+) -> list[TiedReduce]:
+    """Each tied weight's gradient all-reduce: one rank's block of its partial gradient
+    over the representatives of its stages, once all of them (and their earlier tied
+    all-reduces) are done."""
+    ready = list(ends)
+    out = []
+    for tied in split.tied:
+        size = max(_block_bytes(program, v) for v in tied.partials)
+        ranks = tuple(mesh.submesh(axis, s).ranks[0] for s in tied.stages)
+        seconds = collective_time("all_reduce", size, ranks, cluster)
+        start = max(ready[s] for s in tied.stages)
+        out.append(TiedReduce(tied.param, tied.stages, ranks, size, seconds, start,
+                              tied.reason, f"comm:{axis}"))  # fmt: skip
+        for s in tied.stages:
+            ready[s] = start + seconds
+    return out
 
 
 class _Alike:
@@ -370,12 +455,14 @@ def _p2p_times(
     nbytes: dict[tuple[int, int, str], list[tuple[str, float]]] = {}
     sent: set[tuple[str, int]] = set()  # (value, receiving stage): sent once, to its first reader
     for i, op in enumerate(program.ops):
-        if i in split.free or i not in split.place:
-            continue
+        if i in split.free or i not in split.place or i in split.tied_of:
+            continue  # a tied weight's partial gradients: its all-reduce (`TiedReduce`)
         dst = split.place[i]
         for value in op.inputs:
             j = split.producer.get(value)
-            if j is None or j in split.free or split.stage(j) == split.stage(i):
+            if j is None or j in split.free or split.holds(j, split.stage(i)):
+                continue
+            if j in split.local_copies:  # a copy of a tied weight, made where it is read
                 continue
             if (value, split.stage(i)) in sent:
                 continue
@@ -518,7 +605,7 @@ def _stage_memory(
     cluster: Cluster,
 ) -> StageMemory:
     """Stage s's memory over the schedule (module docstring, 5)."""
-    mine = [i for i in sorted(split.place) if split.stage(i) == s]
+    mine = [i for i in sorted(split.place) if split.holds(i, s)]
     ops = [program.ops[i] for i in mine]
     names = {op.name for op in ops}
     ops = [replace(op, deps=tuple(d for d in op.deps if d in names)) for op in ops]

@@ -6,6 +6,9 @@ units of its model chunks for every micro-batch, each a slot laid out by
 micro-batch, start, end: 2 x micro-batches x chunks per stage, whatever the model's size)
 and, once per distinct unit, the ops it runs with their simulated times (a representative
 rank), which the UI shows when a slot is opened. Times are seconds, bytes per rank.
+A tied weight's gradient all-reduce between stages (Megatron-LM's embedding group) is a
+comm of every stage that holds the weight (`comms`: name, kind, stream, start, end, bytes
+and the reason it runs), after that stage's last unit and before its tail.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ def schedule_json(cost: PipelineSlotCost) -> dict[str, Any]:
             "busy_s": stage.busy_s,
             "end_s": stage.end_s,
             "tail_s": stage.tail_s,
+            "tail_start_s": stage.tail_start_s,
             "peak_memory_bytes": stage.memory.peak_bytes,
             "slots": slots.to_json(),
+            "comms": [t.to_json() for t in cost.tied if stage.stage in t.stages],
         })  # fmt: skip
     units = []
     for (chunk, phase), seconds in sorted(cost.unit_s.items()):
@@ -51,6 +56,7 @@ def schedule_json(cost: PipelineSlotCost) -> dict[str, Any]:
         "bubble_fraction": cost.bubble_fraction,
         "bubble_formula": cost.bubble_formula,
         "hops_s": cost.p2p_s,
+        "tied_all_reduces": [t.to_json() for t in cost.tied],
         "stages": stages,
         "units": units,
     }

@@ -13,8 +13,8 @@ Every op goes to a chunk and a phase (`F` forward and loss, `B` backward, `O` op
   (`final_norm`, `lm_head`, `loss`); backward ops carry their forward op's scope;
 - unscoped ops (gradient sums) follow their inputs: the latest chunk for forward ops, the
   earliest for backward ops, so that a sum of one chunk's contributions is sent once;
-- an optimizer op goes with its parameter (a parameter read on two stages, e.g. tied
-  embeddings, is refused);
+- an optimizer op goes with its parameter; a parameter read on several stages (tied
+  embeddings) is held by each of them (Megatron-LM's embedding group, below);
 - a reshard follows its first consumer; one that restores an output's completed placement
   follows the op it restores, unless only optimizer ops read it;
 - ops that depend on no source at all (`rope_cache`, `fill`: the loss gradient seed) run
@@ -32,6 +32,16 @@ by 1/M: the summed gradient is the gradient of the mean of the micro-batch losse
 full-batch loss when the loss is a mean). The data-parallel passes run on every stage
 program through `passes.pipeline_passes.apply_stage_passes`; the send/wait pass is
 `passes.send_wait`.
+
+Tied weights (`pipeline_tied.TiedWeight`): every stage that reads the parameter holds a
+replica, fed the same initial value (Megatron-LM copies the first stage's embedding to the
+last). Each accumulates its partial gradient over the micro-batches; after the last backward
+unit, the stages of the group all-reduce the partials: each sends its accumulated partial to
+the others (`send`/`recv` ops named `tied_all_reduce:...`, attrs `collective: all_reduce`,
+`tied_weight`, `group`, and a `reason`) and runs the serial graph's `<param>.grad_acc` adds
+on them in one fixed order, so every replica gets the same bits; then each runs the same
+optimizer ops on its replica. Sharded parameters (tensor parallel, FSDP, ZeRO) exchange their
+local blocks: the same placement on every stage.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from shardlab.passes.pipeline_schedule import (
 )
 from shardlab.passes.pipeline_split import Crossing, Feed, Split
 from shardlab.passes.pipeline_stages import StageAssignment, assign_layers, stage_of_scope
+from shardlab.passes.pipeline_tied import TiedWeight
 from shardlab.placement import Replicate
 from shardlab.program import DistProgram
 from shardlab.spmd.complete import complete
@@ -68,6 +79,7 @@ __all__ = [
     "PipelineError",
     "PipelineProgram",
     "StageAssignment",
+    "TiedWeight",
     "Unit",
     "assign_layers",
     "build_pipeline",
@@ -104,6 +116,8 @@ class PipelineProgram:
     loss: str
     #: values of one micro-batch that cross stages (each is sent once per micro-batch)
     crossing: list[Crossing] = field(default_factory=list)
+    #: parameters held on several stages, their gradients all-reduced between them
+    tied: list[TiedWeight] = field(default_factory=list)
 
     @property
     def pp(self) -> int:
@@ -132,6 +146,9 @@ class PipelineProgram:
             "virtual_stages": self.virtual_stages,
             "stages": stages,
             "values_crossing_per_microbatch": len(self.crossing),
+            "tied_weights": [
+                {"param": w.param, "stages": list(w.stages), "reason": w.reason} for w in self.tied
+            ],
             "bubble_fraction": bubble_fraction(self.pp, self.microbatches, self.virtual_stages),
         }
 
@@ -250,6 +267,7 @@ def pipeline_program(
         losses,
         split.loss_name,
         split.crossing,
+        split.tied,
     )
     check_send_recv(pipeline)
     return pipeline

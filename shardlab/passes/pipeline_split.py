@@ -4,6 +4,16 @@
 `Place`, or "free" (depends on no source: run up front on every stage that reads it). It
 finds the values that cross stages and the gradients the optimizer reads (accumulated over
 micro-batches). `Split.stage_program` then lays out one stage's program for a schedule.
+
+Tied weights (`TiedWeight`, Megatron-LM's embedding group): a parameter read on several
+stages (the embedding on the first, `lm_head` on the last) is held by each of them, fed
+the same initial value. Each stage accumulates its own partial gradient over the
+micro-batches; after its last backward unit the stages of the group all-reduce the
+partials (each sends its partial to the others, receives theirs and sums them all in one
+fixed order, phase `T`: the serial graph's `<param>.grad_acc` adds), and each runs the same
+optimizer ops on its replica, so the replicas stay bit-identical. A 16-bit weight's partials
+are its float32 main gradient's (`pipeline_tied.float32_partials`): cast where they are
+made, accumulated, exchanged and summed in float32, as Megatron-LM's `main_grad` is.
 """
 
 from __future__ import annotations
@@ -17,15 +27,24 @@ from shardlab.ir import Graph, OpRole, TensorType, ValueKind
 from shardlab.mesh import Mesh
 from shardlab.passes.pipeline_schedule import PipelineError, Unit
 from shardlab.passes.pipeline_stages import StageAssignment
+from shardlab.passes.pipeline_tied import (
+    TiedWeight,
+    float32_partials,
+    grad_sum_ops,
+    tie_weight,
+    tied_stages,
+)
 from shardlab.placement import DistSpec
 from shardlab.program import DistOp, DistProgram
 
-Phase = Literal["F", "B", "O"]
+#: F forward, B backward, T a tied weight's gradient all-reduce, O optimizer
+Phase = Literal["F", "B", "T", "O"]
 
 
 @dataclass(frozen=True, slots=True)
 class Place:
-    """Where an op runs: a model chunk and a phase (F forward/loss, B backward, O optimizer)."""
+    """Where an op runs: a model chunk and a phase (F forward/loss, B backward, T a tied
+    weight's gradient all-reduce, O optimizer)."""
 
     chunk: int
     phase: Phase
@@ -96,15 +115,12 @@ def serial_places(training: Graph, assignment: StageAssignment) -> dict[str, Pla
             if r.name in place
         ]
         place[op.name] = Place(min(chunks, default=0), phase_of_role(op.role))
+    for tied in tied_stages(training, assignment, place):
+        chunk = min(place[r.name].chunk for r in training.consumers(tied) if r.name in place)
+        for name in grad_sum_ops(training, tied):
+            place[name] = Place(chunk, "T")
     for param in training.values_of_kind(ValueKind.PARAM):
         readers = [place[r.name] for r in training.consumers(param.name) if r.name in place]
-        stages = sorted({assignment.stage_of_chunk(p.chunk) for p in readers})
-        if len(stages) > 1:
-            raise PipelineError(
-                f"parameter {param.name!r} is read on pipeline stages {stages} (tied weights); "
-                "a parameter must live on one stage",
-                value=param.name,
-            )
         if not readers:
             continue
         chunk = min(p.chunk for p in readers)
@@ -125,9 +141,16 @@ class Split:
         microbatches: int,
         axis: str = "pp",
     ) -> None:
-        self.program, self.training, self.assignment = program, training, assignment
+        serial = serial_places(training, assignment)
+        tied = tied_stages(training, assignment, serial)
+        #: the program split: a 16-bit tied weight's partial gradients cast to float32
+        #: where they are made (Megatron-LM's main_grad), so their sums and exchange are
+        #: float32 (`pipeline_tied.float32_partials`)
+        wide = float32_partials(program, training, tied)
+        serial.update((cast, serial[maker]) for cast, maker in wide.casts.items())
+        self.program, self.training, self.assignment = wide.program, training, assignment
         self.microbatches, self.axis = microbatches, axis
-        ops = program.ops
+        ops = self.program.ops
         self.producer = {v: i for i, op in enumerate(ops) for v in op.outputs}
         self.readers: dict[str, list[int]] = {}
         self.free: set[int] = set()
@@ -138,31 +161,56 @@ class Split:
             if all(v in free_values for v in op.inputs):
                 self.free.add(i)
                 free_values.update(op.outputs)
-        self.place = self._places(serial_places(training, assignment))
+        self.place = self._places(serial)
+        #: parameters read on several stages (Megatron-LM's embedding group), and by op
+        self.tied = [tie_weight(self, p, st) for p, st in tied.items()]
+        self.tied_of = {i: w for w in self.tied for i in w.replicated}
+        params = {w.param for w in self.tied}
+        #: reshards of tied weights alone (an FSDP gather): every stage that reads one makes
+        #: its own copy from its replica instead of receiving it
+        self.local_copies = {
+            i
+            for i, op in enumerate(ops)
+            if i not in self.free
+            and op.name not in serial
+            and op.inputs
+            and all(v in params for v in op.inputs)
+            and self.place[i].phase in ("F", "B")
+        }
         self.crossing = self._crossing()
         self.roots = self._roots()
-        #: values written by optimizer ops (once per step, not per micro-batch)
+        #: values written by optimizer ops and tied all-reduces (once per step)
         self.updated = {
             v
             for i, op in enumerate(ops)
-            if i in self.place and self.place[i].phase == "O"
+            if i in self.place and self.place[i].phase in ("T", "O")
             for v in op.outputs
         }
-        sources = {v for v in program.types if v not in self.producer}
+        sources = {v for v in self.program.types if v not in self.producer}
         #: values that keep their name in every micro-batch
         self.shared = (
             free_values | self.updated | {v for v in sources if not self._is_batch_source(v)}
         )
         self.loss_name = str(training.meta.get("loss") or find_loss(training))
         self.seed = self._seed()
-        self.loss = program.values[self.loss_name]
+        self.loss = self.program.values[self.loss_name]
 
     def _is_batch_source(self, value: str) -> bool:
         v = self.training.values.get(value)
         return v is not None and v.kind == ValueKind.INPUT
 
     def stage(self, i: int) -> int:
+        """The stage op i runs on (the first of its group for a tied weight's ops)."""
         return self.assignment.stage_of_chunk(self.place[i].chunk)
+
+    def stages_of(self, i: int) -> tuple[int, ...]:
+        """Every stage op i runs on: its tied weight's group, else its one stage."""
+        tied = self.tied_of.get(i)
+        return tied.stages if tied is not None else (self.stage(i),)
+
+    def holds(self, i: int, s: int) -> bool:
+        """Whether stage s runs op i."""
+        return s in self.stages_of(i)
 
     def _places(self, serial: dict[str, Place]) -> dict[int, Place]:
         """Places of the program's ops: compute ops by name, reshards (and the ops passes add,
@@ -197,9 +245,21 @@ class Split:
         for i, op in enumerate(self.program.ops):
             if i in self.free:
                 continue
+            tied = self.tied_of.get(i)
             for v in op.inputs:
                 j = self.producer.get(v)
-                if j is None or j in self.free or self.stage(j) == self.stage(i):
+                if j is None or j in self.free:
+                    continue
+                if tied is not None:  # partials are exchanged; the rest is on every stage
+                    if v not in tied.partials and j not in tied.replicated:
+                        raise PipelineError(
+                            f"op {op.name!r} of tied weight {tied.param!r} runs on stages "
+                            f"{list(tied.stages)} but reads {v!r}, made on stage "
+                            f"{self.stage(j)} only",
+                            value=v,
+                        )
+                    continue
+                if self.stage(i) in self.stages_of(j) or j in self.local_copies:
                     continue
                 if "O" in (self.place[i].phase, self.place[j].phase):
                     raise PipelineError(
@@ -212,13 +272,13 @@ class Split:
 
     def _roots(self) -> set[str]:
         """Per-micro-batch values the optimizer reads: gradients, summed over micro-batches."""
-        roots = set()
+        roots = {v for tied in self.tied for v in tied.partials}
         for i, op in enumerate(self.program.ops):
             if i in self.free or self.place[i].phase != "O":
                 continue
             for v in op.inputs:
                 j = self.producer.get(v)
-                if j is None or j in self.free or self.place[j].phase == "O":
+                if j is None or j in self.free or self.place[j].phase in ("T", "O"):
                     continue
                 value = self.training.values.get(serial_name(v))
                 if value is None or value.kind != ValueKind.GRAD:
@@ -339,7 +399,7 @@ class _StageWriter:
     def write(self, units: Sequence[Unit]) -> StageBuild:
         split, s = self.split, self.s
         ops, pp, M = self.src.ops, split.assignment.pp, split.microbatches
-        mine = [i for i in range(len(ops)) if i not in split.free and split.stage(i) == s]
+        mine = [i for i in range(len(ops)) if i not in split.free and split.holds(i, s)]
         needed = {v for i in mine for v in ops[i].inputs}
         free = []
         for i in reversed(range(len(ops))):
@@ -356,8 +416,10 @@ class _StageWriter:
             for i in by_unit.get((unit.chunk * pp + s, unit.phase), []):
                 for v in ops[i].inputs:
                     j = split.producer.get(v)
-                    crosses = j is not None and j not in split.free and split.stage(j) != s
-                    if j is not None and crosses and self.name(v, m) not in self.received:
+                    crosses = j is not None and j not in split.free and not split.holds(j, s)
+                    if j in split.local_copies and self.name(v, m) not in self.made:
+                        self.emit(j, m)  # this stage's own copy of a tied weight
+                    elif j is not None and crosses and self.name(v, m) not in self.received:
                         self.received.add(self.name(v, m))
                         self.p2p("recv", v, m, split.stage(j), ops[i].scope)
                 op = self.emit(i, m)
@@ -366,12 +428,54 @@ class _StageWriter:
                         self.accumulate(v, m, op.scope)
                     for peer in self.sends.get(v, []):
                         self.p2p("send", v, m, peer, op.scope)
-        for i in mine:
-            if split.place[i].phase == "O":
-                last = M - 1
-                ins = [split.acc_name(v, last) if v in split.roots else v for v in ops[i].inputs]
-                self.emit(i, None, ins)
+        self.exchange_partials()
+        for phase in ("T", "O"):
+            for i in mine:
+                if split.place[i].phase == phase:
+                    last = M - 1
+                    ins = [split.acc_name(v, last) if v in split.roots else v
+                           for v in ops[i].inputs]  # fmt: skip
+                    self.emit(i, None, ins)
         return self._finish()
+
+    def exchange_partials(self) -> None:
+        """A tied weight's all-reduce, after the last backward unit: this stage sends its
+        accumulated partial gradients to the other stages of the group, then receives
+        theirs (sends are eager, so every stage sends before it receives)."""
+        split, s = self.split, self.s
+        last = split.microbatches - 1
+        mine = [w for w in split.tied if s in w.stages]
+        for w in mine:
+            for partial, src in zip(w.partials, w.partial_stages, strict=True):
+                if src == s:
+                    for peer in w.stages:
+                        if peer != s:
+                            self.tied_p2p("send", w, partial, split.acc_name(partial, last), peer)
+        for w in mine:
+            for partial, src in zip(w.partials, w.partial_stages, strict=True):
+                if src != s:
+                    self.tied_p2p("recv", w, partial, split.acc_name(partial, last), src)
+
+    def tied_p2p(self, kind: str, tied: TiedWeight, partial: str, acc: str, peer: int) -> None:
+        """One half of the exchange of partial gradient `acc` with stage `peer`."""
+        arrow = "->" if kind == "send" else "<-"
+        attrs = {"peer_stage": peer, "tag": acc, "value": partial, "microbatch": None,
+                 "collective": "all_reduce", "tied_weight": tied.param,
+                 "group": list(tied.stages)}  # fmt: skip
+        self.add(
+            DistOp(
+                f"tied_all_reduce:{acc}{arrow}{peer}",
+                kind,
+                (acc,) if kind == "send" else (),
+                () if kind == "send" else (acc,),
+                f"comm:{self.split.axis}",
+                OpRole.COMM,
+                scope=self.src.ops[self.split.producer[partial]].scope,
+                attrs=attrs,
+                reason=tied.reason,
+            )
+        )
+        self.declare(acc, partial, self.split.microbatches - 1)
 
     def _finish(self) -> StageBuild:
         split, M = self.split, self.split.microbatches

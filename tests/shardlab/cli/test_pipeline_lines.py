@@ -8,6 +8,7 @@ import re
 from typer.testing import CliRunner
 
 from shardlab.cli import app
+from shardlab.summary import human_bytes
 
 ARGS = ["plan", "llama3-8b", "--set", "layers=8", "--set", "batch=16", "--mesh", "pp=4,dp=2,tp=8",
         "--template", "dp", "--template", "megatron_tp", "--cluster", "h100-sxm-8x8",
@@ -32,3 +33,22 @@ def test_a_pipelined_plan_explains_its_bubble_split_and_memory() -> None:
     assert re.search(r"peak [\d.]+ GiB \(stage \d\) of 74.51 GiB$", memory), memory
     assert "(1 micro-batch in flight)" in result.output
     assert "1 micro-batches" not in result.output
+
+
+def test_a_tied_embedding_names_its_all_reduce_with_size_and_time() -> None:
+    args = ["plan", "gpt2", "--set", "layers=4", "--mesh", "pp=2,dp=2", "--template", "dp",
+            "--cluster", "h100-sxm-1x8"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    tied = [line for line in result.output.splitlines() if "tied weight" in line]
+    assert len(tied) == 1, result.output
+    pattern = (
+        r"embed\.weight is read on stages 0 and 1: .* all-reduced between them "
+        r"\(Megatron-LM's embedding group\); ([\d.]+ MiB) per rank, ([\d.]+) ms"
+    )
+    found = re.search(pattern, tied[0])
+    assert found is not None, tied[0]
+    # gpt2's vocab x hidden gradient as float32 main grads (Megatron all-reduces main_grad,
+    # not the bf16 gradient): 50257 x 768 x 4 bytes
+    assert found[1] == human_bytes(50257 * 768 * 4)
+    assert float(found[2]) > 0

@@ -288,13 +288,6 @@ def test_a_schedule_order_that_deadlocks_is_caught() -> None:
 # -- what is refused ------------------------------------------------------------------------
 
 
-def test_tied_weights_across_stages_are_refused() -> None:
-    gpt2 = build_model("gpt2", {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 64,
-                                "seq": 8, "batch": 2, "dtype": "float32"})  # fmt: skip
-    with pytest.raises(PipelineError, match=r"embed\.weight.*tied"):
-        build_pipeline(gpt2, Strategy.build("pp=2", []), microbatches=2)
-
-
 def test_templates_on_the_pipeline_axis_are_refused() -> None:
     with pytest.raises(PipelineError, match="pipeline axis"):
         build_pipeline(micro_model(), Strategy.build("pp=2,dp=2", ["dp:pp"]), microbatches=M)

@@ -17,23 +17,28 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from shardlab.autodiff import training_graph
 from shardlab.cli import app
 from shardlab.errors import ExecutionError
 from shardlab.models import build_model
 from shardlab.passes.pipeline import PipelineProgram, build_pipeline
 from shardlab.plan import build_plan
 from shardlab.runtime import kernels, torchdist
+from shardlab.runtime.distribute import assemble
 from shardlab.runtime.pipeline_exec import verify_pipeline
+from shardlab.runtime.reference import run_reference, source_values
 from shardlab.runtime.torch_launch import SETUP_ENV
+from shardlab.runtime.torch_pipeline import run_pipeline_torch
 from shardlab.runtime.verify import verify
 from shardlab.strategy import Strategy
 
 pytest.importorskip("torch.distributed")
 
-#: gpt2 ties its embeddings; a pipeline refuses a parameter read on two stages (issue 21)
+#: gpt2 ties its embeddings: a pipeline's first and last stage each hold a replica and
+#: all-reduce its gradient (Megatron-LM's embedding group)
 GPT = {"layers": 2, "hidden": 64, "heads": 4, "seq": 8, "batch": 8, "vocab": 128,
        "dtype": "float32"}  # fmt: skip
-GPT_UNTIED = {**GPT, "tie_embeddings": False}
+PP4 = {"schedule": "1f1b", "microbatches": 4}
 #: four layers: interleaved pipelines need pp x virtual stages chunks of at least one layer
 LLAMA = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 64,
          "seq": 8, "batch": 8, "dtype": "float32"}  # fmt: skip
@@ -85,16 +90,18 @@ def test_mlp_demo_dp_and_model_parallel(
         ("gpt2", GPT, "dp=2,tp=2", ["dp", *SP], None),
         ("gpt2", GPT, "dp=4", ["fsdp"], None),
         ("gpt2", GPT, "dp=2,tp=2", ["zero2", "megatron_tp"], None),
-        ("gpt2", GPT_UNTIED, "pp=2", [], ONE_F_ONE_B),
-        ("gpt2", {**GPT_UNTIED, "layers": 4}, "pp=2", [], INTERLEAVED),
-        ("gpt2", GPT_UNTIED, "pp=2,tp=2", ["megatron_tp"], ONE_F_ONE_B),
+        ("gpt2", GPT, "pp=2", [], ONE_F_ONE_B),
+        ("gpt2", {**GPT, "layers": 4}, "pp=2", [], INTERLEAVED),
+        ("gpt2", GPT, "pp=2,tp=2", ["megatron_tp"], ONE_F_ONE_B),
+        ("gpt2", GPT, "pp=2,dp=2", ["dp"], ONE_F_ONE_B),
+        ("gpt2", {**GPT, "layers": 4}, "pp=4", [], PP4),
         ("llama3-8b", LLAMA, "dp=2", ["zero2"], None),
         ("llama3-8b", LLAMA, "tp=4", SP, None),
         ("llama3-8b", LLAMA, "dp=4", ["fsdp"], None),
         ("llama3-8b", LLAMA, "dp=2,tp=2", ["zero2", "megatron_tp"], None),
         ("llama3-8b", LLAMA, "pp=2", [], ONE_F_ONE_B),
         ("llama3-8b", LLAMA, "pp=2", [], INTERLEAVED),
-        ("llama3-8b", LLAMA, "pp=4", [], {"schedule": "1f1b", "microbatches": 4}),
+        ("llama3-8b", LLAMA, "pp=4", [], PP4),
         ("llama3-8b", LLAMA, "pp=2,dp=2", ["dp"], {"schedule": "1f1b", "microbatches": 4}),
         ("llama3-8b", LLAMA, "pp=2,dp=2", ["zero2"], ONE_F_ONE_B),
         ("llama3-8b", LLAMA, "pp=2,dp=2", ["fsdp"], INTERLEAVED),
@@ -136,9 +143,31 @@ def test_a_stage_may_receive_in_another_order_than_its_peer_sent() -> None:
     assert report.ok, report.failed()[:3]
 
 
-def test_gpt2_with_tied_embeddings_does_not_pipeline_yet() -> None:
-    with pytest.raises(Exception, match="tied weights"):
-        verify(build_model("gpt2", GPT), _strategy("pp=2", [], ONE_F_ONE_B), backend="torch")
+@pytest.mark.parametrize(("mesh", "templates", "layers", "m", "dtype"),
+                         [("pp=4", [], 4, 4, "float32"), ("pp=2,dp=2", ["dp"], 2, 2, "float32"),
+                          ("pp=2,dp=2", ["dp"], 2, 2, "bfloat16")])  # fmt: skip
+def test_tied_replicas_are_equal_on_torch_ranks_after_a_step(
+    mesh: str, templates: list[str], layers: int, m: int, dtype: str
+) -> None:
+    """The first and last stage's replicas of the tied embedding (and its Adam moments) are
+    bit-identical on every rank after the step, and equal the one-device update; in bf16
+    the stages exchange and sum float32 main gradients (Megatron-LM's main_grad)."""
+    config = {**GPT, "layers": layers, "dtype": dtype}
+    micro = build_model("gpt2", {**config, "batch": GPT["batch"] // m})
+    pipeline = build_pipeline(micro, Strategy.build(mesh, templates), microbatches=m)
+    full = training_graph(build_model("gpt2", config))
+    env = run_reference(full)
+    blocks = run_pipeline_torch(pipeline, {v.name: env[v.name] for v in source_values(full)})
+    first, last = pipeline.stages[0], pipeline.stages[-1]
+    sent = [op.inputs[0] for op in first.ops if op.name.startswith("tied_all_reduce:")
+            and op.kind == "send"]  # fmt: skip
+    assert [first.types[v].dtype for v in sent] == ["float32"]
+    for serial in ("embed.weight.new", "embed.weight.exp_avg.new", "embed.weight.exp_avg_sq.new"):
+        a, b = first.values[serial], last.values[serial]
+        for r0, r1 in zip(first.mesh.ranks, last.mesh.ranks, strict=True):
+            assert blocks[0][a][r0].tobytes() == blocks[-1][b][r1].tobytes()
+        got = assemble(blocks[-1][b], last.specs[b], last.types[b].shape)
+        np.testing.assert_allclose(got, env[serial], rtol=0, atol=1e-9)
 
 
 def test_a_broken_kernel_fails_at_the_same_op_as_on_the_simulated_mesh(
