@@ -42,7 +42,7 @@ from backend.tenancy import team_limits
 #: Job states; the last four are final.
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out")
 FINAL = frozenset(STATES[2:])
-KINDS = ("plan", "verify", "compare", "search", "measure")
+KINDS = ("plan", "verify", "compare", "search", "measure", "import")
 
 #: the Retry-After of a 429 `too_many_jobs` (seconds)
 QUEUE_RETRY_S = 30

@@ -14,6 +14,7 @@ Every function takes the job's inputs as plain JSON-able data (see `worker.input
   torch ranks against its prediction (`worker/measure.py`).
 - `run_compare`: `{"comparison": Comparison.to_json()}`.
 - `run_search`: `{"search": SearchResult.to_json()}`.
+- `run_import`: `{"graph": graph JSON}`, a Hugging Face config's model (`worker/importing.py`).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from shardlab.cost.clusters import cluster_from_dict
 from shardlab.cost.model import PlanCost
 from shardlab.cost.timeline import COMPUTE
 from shardlab.cost.trace import chrome_trace
+from shardlab.export.placements_json import placements_view as placements_json
 from shardlab.export.schedule_view import schedule_json, units_json
 from shardlab.graph_json import graph_from_json
 from shardlab.plan import Plan, PlanStage, build_plan
 from shardlab.program import DistOp, DistProgram
-from shardlab.spmd.explain import driving_input
 from shardlab.strategy import Strategy
+from worker.importing import run_import
 
 Progress = Callable[[float, str], None]
 
@@ -104,30 +106,6 @@ def op_json(op: DistOp) -> dict[str, Any]:
             "value": op.attrs.get("value"),
         }
     return out
-
-
-def placements_json(plan: Plan) -> dict[str, Any]:
-    """Per serial value: its spec, the decisions that set it and the input that drove them
-    (`next`: follow it for the whole chain), plus the reshards its consumers asked for."""
-    completed = plan.completed
-    values: dict[str, Any] = {}
-    for name in completed.graph.values:
-        if name not in completed.specs:
-            continue
-        values[name] = {
-            "spec": str(completed.specs[name]),
-            "decisions": [
-                {"spec": d.spec, "source": d.source, "detail": d.detail, "op": d.op}
-                for d in completed.decisions.get(name, ())
-            ],
-            "next": driving_input(completed, name),
-            "reshards": [],
-        }
-    for op_name, index, have, need in completed.reshards():
-        value = completed.graph.op(op_name).inputs[index]
-        if value in values:
-            values[value]["reshards"].append({"op": op_name, "have": str(have), "need": str(need)})
-    return {"mesh": str(plan.strategy.mesh), "values": values}
 
 
 TIMELINES_FORMAT = "shardlab.timelines/1"
@@ -340,4 +318,5 @@ RUNNERS: dict[str, Callable[[dict[str, Any], Progress], dict[str, Any]]] = {
     "compare": run_compare,
     "search": run_search,
     "measure": run_measure,
+    "import": run_import,
 }

@@ -14,6 +14,7 @@ Inputs handed to the engine are plain data:
     compare: {"a": plan inputs, "b": plan inputs}
     search:  {"preset", "overrides", "cluster": cluster JSON, "gpus", "global_batch",
               "memory_headroom", "max_tp", "min_dp", "cross_node_tp"}
+    import:  {"config", "batch", "seq", "base_name", "max_ops"} (`worker/importing.py`)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from backend import blobs
 from backend.ledger import Store
 from backend.orm import Artifact, Comparison, Job, Model, Plan, Search, Strategy, Verification
 from shardlab.errors import ShardlabError
+from worker.importing import import_inputs, import_outcome
 
 
 class JobInputError(ShardlabError):
@@ -92,6 +94,8 @@ def load_inputs(session: Session, job: Job) -> dict[str, Any]:
         request = {k: v for k, v in row.request.items() if k not in ("model_id", "cluster")}
         return {"preset": model.preset, "overrides": dict(model.overrides),
                 "cluster": payload.get("cluster"), **request}  # fmt: skip
+    if job.kind == "import":
+        return import_inputs(job)
     raise JobInputError(f"unknown job kind {job.kind!r}", kind=job.kind)
 
 
@@ -120,6 +124,8 @@ def put_artifact(
 def outcome(job: Job, data: dict[str, Any]) -> tuple[Store, dict[str, Any]]:
     """How to store the engine's result of `job`, and the job's own (small) result."""
     payload = job.payload
+    if job.kind == "import":
+        return import_outcome(job, data)
     if job.kind == "plan":
         plan_id = int(payload["plan_id"])
         summary = data["summary"]

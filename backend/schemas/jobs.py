@@ -19,7 +19,7 @@ class JobOut(BaseModel):
     """A job of the ledger: its state, progress and outcome (times in ISO 8601, UTC)."""
 
     id: int
-    kind: Literal["plan", "verify", "compare", "search", "measure"]
+    kind: Literal["plan", "verify", "compare", "search", "measure", "import"]
     status: JobStatus
     progress: float = Field(description="0..1")
     message: str = Field(description="What the job does now, or how it ended.")

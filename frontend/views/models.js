@@ -1,6 +1,7 @@
 // The team's models: the table (with each model's summary on demand), a model from a preset
-// with overrides, and a model from an uploaded graph JSON file.
-import { api, ApiError, apiPage } from "../api.js";
+// with overrides, a model from an uploaded graph JSON file, and a model imported from a
+// Hugging Face config.json (a worker job: its progress, then the model or its error).
+import { api, ApiError, apiPage, followJob } from "../api.js";
 import { clearErrors, field, fieldOf, labelled, showError } from "../forms.js";
 import { errorBox, fmtBytes, fmtInt, h, pager, toast } from "../ui.js";
 
@@ -271,6 +272,118 @@ function uploadForm(onCreated) {
   return form;
 }
 
+// -- import a Hugging Face config -----------------------------------------------------------
+
+/** The config text as a JSON object; throws saying what is wrong with it. */
+export function parseConfig(text) {
+  if (!text.trim()) throw new Error("choose a config.json file or paste the config JSON");
+  let parsed;
+  try { parsed = JSON.parse(text); } catch (err) { throw new Error(`invalid JSON: ${err.message}`); }
+  if (typeof parsed !== "object" || Array.isArray(parsed) || parsed === null) {
+    throw new Error("the config must be a JSON object (a Hugging Face config.json)");
+  }
+  return parsed;
+}
+
+/** An optional positive whole number field: undefined when empty; throws naming it. */
+function optionalCount(input, what) {
+  const text = input.value.trim();
+  if (!text) return undefined;
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`${what} must be a positive whole number, not '${text}'`);
+  return n;
+}
+
+/** Import a Hugging Face config.json: queued as a job (the worker builds the model with
+ * transformers on the meta device), its progress shown, then the new model or the job's
+ * error (which names the config's field). */
+function importForm(onCreated, signal) {
+  const file = h("input", { type: "file", name: "hf-file", accept: ".json,application/json" });
+  const hint = h("p", { class: "muted", id: "hf-config-hint" },
+    "A config.json from the Hugging Face Hub (e.g. a Llama or GPT-2 config); the file's ",
+    "content appears here, or paste it.");
+  const config = h("textarea", { name: "hf-config", rows: 8, cols: 60, spellcheck: "false",
+    "aria-describedby": hint.id });
+  const name = h("input", { name: "hf-name", autocomplete: "off", placeholder: "the config's model name" });
+  const batch = h("input", { name: "hf-batch", type: "number", min: 1, step: 1, placeholder: "1" });
+  const seq = h("input", { name: "hf-seq", type: "number", min: 1, step: 1,
+    placeholder: "from the config" });
+  const banner = h("div");
+  const progress = h("div", { class: "import-progress", "aria-live": "polite" });
+  const fields = { config: field("hf-config", file, config), name: field("hf-name", name),
+    batch: field("hf-batch", batch), seq: field("hf-seq", seq) };
+  const submit = h("button", { type: "submit" }, "Import");
+  file.addEventListener("change", async () => {
+    const chosen = file.files?.[0];
+    if (chosen) config.value = await chosen.text();
+  });
+
+  async function follow(created) {
+    const bar = h("progress", { max: 1, value: 0, "aria-label": "import progress" });
+    const note = h("span", { class: "muted" }, `import of ${created.name} queued`);
+    progress.replaceChildren(bar, " ", note);
+    const job = await followJob(created.job_id, (j) => {
+      bar.value = j.progress; note.textContent = j.message;
+    }, signal);
+    if (job === null) return;  // the view was left
+    if (job.status !== "succeeded") {
+      progress.replaceChildren();
+      const message = job.error?.message ?? `import ${job.status}: ${job.message}`;
+      showError(new Error(`import failed: ${message}`), "config", fields, banner, [config]);
+      return;
+    }
+    progress.replaceChildren();
+    form.reset();
+    await onCreated(await api(`/api/models/${job.result.model_id}`));
+  }
+
+  async function onSubmit(event) {
+    event.preventDefault();
+    clearErrors(fields, banner);
+    const body = {};
+    try {
+      body.config = parseConfig(config.value);
+    } catch (err) {
+      showError(err, "config", fields, banner, [config]);
+      return;
+    }
+    for (const [key, input, what] of [["batch", batch, "batch"], ["seq", seq, "seq"]]) {
+      try {
+        const n = optionalCount(input, what);
+        if (n !== undefined) body[key] = n;
+      } catch (err) {
+        showError(err, key, fields, banner);
+        return;
+      }
+    }
+    if (name.value.trim()) body.name = name.value.trim();
+    submit.disabled = true;
+    try {
+      await follow(await api("/api/models/import", { method: "POST", body }));
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      let target = fieldOf(err);
+      if (!target && err.code === "conflict") target = "name";
+      if (!["config", "name", "batch", "seq"].includes(target)) target = null;
+      showError(err, target, fields, banner, target === "config" ? [config] : null);
+    } finally {
+      submit.disabled = false;
+    }
+  }
+
+  const form = h("form", { "aria-labelledby": "hf-import-h", novalidate: true, onsubmit: onSubmit },
+    h("h2", { id: "hf-import-h" }, "Import Hugging Face config"),
+    h("p", { class: "muted" }, "The worker builds the model with transformers on the meta ",
+      "device (no weights are downloaded) and stores its graph."),
+    labelled("config.json file", file),
+    labelled("Config JSON", config, hint, fields.config.line),
+    labelled("Name", name, fields.name.line),
+    labelled("Batch", batch, fields.batch.line),
+    labelled("Sequence length", seq, fields.seq.line),
+    h("p", {}, submit), progress, banner);
+  return form;
+}
+
 export async function render(root, ctx) {
   const holder = h("div", {}, h("p", { class: "loading" }, "loading…"));
   const status = h("p", { role: "status", class: "muted" });
@@ -286,5 +399,6 @@ export async function render(root, ctx) {
     h("h1", {}, "Models"),
     h("section", { class: "card", "aria-label": "team models" }, holder, status),
     h("section", { class: "card" }, presetForm(presets, onCreated)),
-    h("section", { class: "card" }, uploadForm(onCreated)));
+    h("section", { class: "card" }, uploadForm(onCreated)),
+    h("section", { class: "card" }, importForm(onCreated, ctx.signal)));
 }

@@ -1,8 +1,9 @@
 // One plan's overview: job state (live), headline cost, collectives and why each exists,
 // fallback ops, ops per role, verification against one device (simulated, or "Run for real"
-// on torch ranks when a live worker has them), the Chrome trace.
+// on torch ranks when a live worker has them), the Chrome trace, exports for PyTorch.
 import { api, followJob } from "../api.js";
 import { errorBox, fmtBytes, fmtInt, fmtPercent, fmtTime, h, planTabs, toast } from "../ui.js";
+import { exportSection } from "./plan_export.js";
 import { pipelineSection } from "./plan_pipeline.js";
 
 function figure(label, value, note = "") {
@@ -225,6 +226,7 @@ export async function render(root, ctx) {
     root.append(h("p", {}, h("a", { href: `/api/plans/${planId}/trace`, download: "" },
       "Download Chrome trace"), h("span", { class: "muted" }, " — open it in Perfetto")));
   }
+  root.append(exportSection(planId));
   root.append(h("h2", {}, "Collectives"), collectivesByKind(s), await collectiveList(planId, ctx));
   root.append(h("h2", {}, "Ops per role"), h("p", {},
     Object.entries(s.ops_by_role).map(([role, n]) => `${role}: ${n}`).join(" · ")));
