@@ -13,17 +13,15 @@ several stages, held by each, their gradients all-reduced between them).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.autodiff import training_graph_of
 from shardlab.cost.clusters import Cluster
 from shardlab.cost.pipeline_slots import PipelineSlotCost, cost_pipeline_slots
-from shardlab.errors import PresetError
 from shardlab.ir import Graph
 from shardlab.lower import lower
-from shardlab.models.config import OVERRIDABLE
 from shardlab.passes.manager import PASSES, run_passes
 from shardlab.passes.pipeline import stage_strategy
 from shardlab.passes.pipeline_schedule import PipelineError, PipelineOptions
@@ -35,6 +33,7 @@ from shardlab.passes.pipeline_stages import (
 )
 from shardlab.passes.pipeline_tied import tied_reason, tied_stages
 from shardlab.program import DistProgram
+from shardlab.rebatch import microbatch_model
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy
 
@@ -48,37 +47,14 @@ STAGE_LOCAL_PASSES = frozenset({"dp_fuse_allreduce", "dp_overlap"})
 
 
 def micro_model(model: Graph, microbatches: int) -> Graph:
-    """The forward graph of one micro-batch: the preset `model` was built from, rebuilt with
-    batch / microbatches (a graph that is not a preset cannot be cut into micro-batches).
-    Built once per micro-batch count and kept on `model`, as `training_graph_of` keeps its
-    training graphs."""
+    """The forward graph of one micro-batch: the model rebuilt with batch / microbatches
+    (`shardlab.rebatch`: presets and Hugging Face imports; others cannot be cut). Built once
+    per micro-batch count and kept on `model`, as `training_graph_of` keeps its training
+    graphs."""
     known: dict[int, Graph] = model.__dict__.setdefault("_micro", {})
     if microbatches not in known:
-        known[microbatches] = _rebuilt(model, microbatches)
+        known[microbatches] = microbatch_model(model, microbatches)
     return known[microbatches]
-
-
-def _rebuilt(model: Graph, microbatches: int) -> Graph:
-    from shardlab.models import build_model
-
-    preset, config = model.meta.get("preset"), model.meta.get("config")
-    batch = int(config.get("batch", 0)) if isinstance(config, Mapping) else 0
-    if not isinstance(preset, str) or not batch:
-        raise PresetError(
-            f"a pipeline (mesh axis {PIPELINE_AXIS!r}) needs a preset model with a batch "
-            f"setting, got graph {model.name!r}",
-            model=model.name,
-        )
-    if batch % microbatches:
-        raise PresetError(
-            f"batch {batch} does not split into {microbatches} micro-batches; use --set "
-            "batch=... or --microbatches ...",
-            batch=batch,
-            microbatches=microbatches,
-        )
-    assert isinstance(config, Mapping)
-    overrides = {k: config[k] for k in OVERRIDABLE if k in config}
-    return build_model(preset, {**overrides, "batch": batch // microbatches})
 
 
 @dataclass

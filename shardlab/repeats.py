@@ -106,6 +106,20 @@ def layer_of(name: str) -> tuple[str, int] | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
+def layer_family(graph: Graph) -> str | None:
+    """The numbered family that holds a model's layers: `layers` in presets, `model.layers`
+    or `transformer.h` in imported models (the family of op scopes with the most distinct
+    indices; None for a model without numbered layers)."""
+    by_family: dict[str, set[int]] = {}
+    for op in graph.ops:
+        found = layer_of(op.scope)
+        if found is not None:
+            by_family.setdefault(found[0], set()).add(found[1])
+    if not by_family:
+        return None
+    return max(sorted(by_family), key=lambda family: len(by_family[family]))
+
+
 def translate(name: str, family: str, src: int, dst: int) -> str | None:
     """`name` as seen from layer `dst` when it is seen from `src`: a name under `family`
     moves by dst - src layers (`layers.2.x` from 3 to 7 is `layers.6.x`); others stay.

@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.ir import Graph, ValueKind
-from shardlab.repeats import layer_of
+from shardlab.repeats import layer_family, layer_of
 
 
 def count_layers(graph: Graph) -> int:
     """Number of distinct numbered layers: `layers.N` in presets, `model.layers.N` or
-    `transformer.h.N` in imported models (the family with the most layers; 0 without any)."""
-    by_family: dict[str, set[int]] = {}
-    for op in graph.ops:
-        found = layer_of(op.scope)
-        if found is not None:
-            by_family.setdefault(found[0], set()).add(found[1])
-    return max((len(indices) for indices in by_family.values()), default=0)
+    `transformer.h.N` in imported models (0 for a model without them)."""
+    family = layer_family(graph)
+    if family is None:
+        return 0
+    return len(
+        {found[1] for op in graph.ops if (found := layer_of(op.scope)) and found[0] == family}
+    )
 
 
 def model_summary(graph: Graph) -> dict[str, Any]:

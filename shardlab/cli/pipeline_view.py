@@ -16,9 +16,7 @@ from typing import Any
 from shardlab.autodiff import training_graph
 from shardlab.cost.clusters import load_cluster
 from shardlab.cost.pipeline_cost import PipelineCost, cost_pipeline
-from shardlab.errors import PresetError
 from shardlab.ir import Graph
-from shardlab.models import PRESETS, build_model
 from shardlab.passes.guard import guard_pass, tuning_text
 from shardlab.passes.pipeline import PipelineProgram, build_pipeline
 from shardlab.passes.pipeline_passes import (
@@ -31,24 +29,6 @@ from shardlab.strategy import Strategy
 from shardlab.summary import human
 
 SEND_WAIT = "pipeline_send_wait"
-
-
-def micro_model(model: str, overrides: dict[str, Any], full: Graph, microbatches: int) -> Graph:
-    """The forward graph of one micro-batch: the preset rebuilt with batch / microbatches."""
-    batch = int(full.meta.get("config", {}).get("batch", 0))
-    if model not in PRESETS or not batch:
-        raise PresetError(
-            f"a pipeline (mesh axis 'pp') needs a preset model with a batch setting, got {model!r}",
-            model=model,
-        )
-    if microbatches < 1 or batch % microbatches:
-        raise PresetError(
-            f"batch {batch} does not split into {microbatches} micro-batches; use --set "
-            "batch=... or --microbatches ...",
-            batch=batch,
-            microbatches=microbatches,
-        )
-    return build_model(model, {**overrides, "batch": batch // microbatches})
 
 
 def pipeline_summary(

@@ -24,13 +24,11 @@ from shardlab.cli.common import (
 )
 from shardlab.cli.pipeline_view import (
     SEND_WAIT,
-    micro_model,
     pipeline_summary,
     pipeline_text,
     pipelined_plan_lines,
 )
 from shardlab.errors import ShardlabError
-from shardlab.models.config import parse_overrides
 from shardlab.passes.guard import tuning_text
 from shardlab.passes.manager import PASSES
 from shardlab.strategy import Strategy, check_options
@@ -117,6 +115,7 @@ def plan_cmd(
     MFU, tokens/s and memory per rank (after every pass)."""
     from shardlab.cost.trace import write_chrome_trace
     from shardlab.plan import build_plan, save_plan
+    from shardlab.rebatch import microbatch_model
 
     try:
         if trace is not None and cluster is None:
@@ -135,7 +134,7 @@ def plan_cmd(
         elif "pp" in strategy.mesh.axis_names:
             if output is not None or trace is not None:
                 raise ShardlabError("-o and --trace are not available for pipelines yet")
-            micro = micro_model(model, parse_overrides(set_ or []), graph, microbatches or 4)
+            micro = microbatch_model(graph, microbatches or 4)
             summary = pipeline_summary(
                 micro,
                 strategy,

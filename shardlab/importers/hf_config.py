@@ -23,6 +23,7 @@ the graph; attention dropout is not modelled (the fused attention op has none: t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,7 +68,13 @@ def graph_from_hf_config(
     heads = getattr(hf, "num_attention_heads", None) or getattr(hf, "n_head", None)
     kv_heads = getattr(hf, "num_key_value_heads", None) or heads
     meta = {
-        "hf_config": {"model_type": model_type, "batch": batch, "seq": seq},
+        # the whole config, so a pipeline can rebuild the model for one micro-batch
+        "hf_config": {
+            "model_type": model_type,
+            "batch": batch,
+            "seq": seq,
+            "config": json.loads(json.dumps(dict(config))),
+        },
         "attention_heads": heads,
         "kv_heads": kv_heads,
     }

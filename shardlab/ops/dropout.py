@@ -1,6 +1,9 @@
 """`dropout(x) -> (y, mask)` and its backward kernel `dropout_grad(dy, mask) -> dx`.
 
-Attrs: `p` (the probability of dropping an element, 0 <= p < 1) and `seed` (an integer).
+Attrs: `p` (the probability of dropping an element, 0 <= p < 1), `seed` (an integer) and
+`offset` (an integer >= 0, default 0: the global flat index of x's first element in the
+tensor the mask is drawn for; a pipeline's micro-batch m of a batch-major x is its block of
+the whole batch, so its masks are the ones one device draws for those rows).
 `y = x * mask / (1 - p)`; the mask is bool (one byte per element, as Megatron-LM stores it).
 
 The mask is a pure function of (seed, global flat element index): a counter-based hash (the
@@ -76,13 +79,27 @@ def keep_mask(index: Array, seed: int, p: float) -> Array:
 def dropout_block(x: Array, attrs: Attrs, index: Array) -> list[Array]:
     """(y, mask) of the block of x whose global flat indices are `index`."""
     p = dropout_p(attrs)
+    offset = dropout_offset(attrs)
+    if offset:
+        index = np.asarray(index, dtype=np.uint64) + np.uint64(offset)
     mask = keep_mask(index, attr_int(attrs, "seed"), p)
     return [np.asarray(x * mask / (1.0 - p)), mask]
+
+
+def dropout_offset(attrs: Attrs) -> int:
+    """Attr `offset` (default 0), checked to be a non-negative integer."""
+    offset = attrs.get("offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise OpSignatureError(
+            f"dropout: attribute 'offset' must be an integer >= 0, got {offset!r}", attr="offset"
+        )
+    return offset
 
 
 def _dropout_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
     require_float(ins[0], "dropout")
     dropout_p(attrs)
+    dropout_offset(attrs)
     attr_int(attrs, "seed")
     return [ins[0], TensorType(ins[0].shape, "bool")]
 

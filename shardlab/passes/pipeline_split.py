@@ -357,6 +357,9 @@ class _StageWriter:
         if i == self.split.seed:
             value = float(op.attrs["value"]) / self.split.microbatches
             new_op = replace(new_op, attrs={**op.attrs, "value": value})
+        if op.kind == "dropout" and m:  # micro-batch m's rows of the batch's masks
+            offset = m * self.src.types[op.inputs[0]].numel
+            new_op = replace(new_op, attrs={**op.attrs, "offset": offset})
         self.add(new_op)
         return new_op
 

@@ -11,7 +11,6 @@ stage holds `v` chunks, round-robin (interleaved 1F1B). Modules before the first
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -22,8 +21,7 @@ from shardlab.cost.compute import op_flops, program_op_times
 from shardlab.ir import Graph
 from shardlab.passes.pipeline_schedule import PipelineError
 from shardlab.program import DistProgram
-
-_LAYER = re.compile(r"^layers\.(\d+)(?:\.|$)")
+from shardlab.repeats import layer_family, layer_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +33,8 @@ class StageAssignment:
     chunks: tuple[tuple[int, int], ...]  # chunk -> [first layer, stop)
     #: top-level modules that come before the first layer (they live in chunk 0)
     pre_modules: frozenset[str] = frozenset()
+    #: the numbered family of the layers (`layers`; `model.layers` in imported models)
+    family: str = "layers"
 
     @property
     def last_chunk(self) -> int:
@@ -53,10 +53,10 @@ class StageAssignment:
         """The chunk of an op's scope; None for an unscoped op (its data flow decides)."""
         if not scope:
             return None
-        found = _LAYER.match(scope)
-        if found:
-            return self.chunk_of_layer(int(found.group(1)))
-        return 0 if scope.split(".")[0] in self.pre_modules else self.last_chunk
+        layer = layer_index(scope, self.family)
+        if layer is not None:
+            return self.chunk_of_layer(layer)
+        return 0 if module_of(scope, self.family) in self.pre_modules else self.last_chunk
 
     def chunks_of_stage(self, stage: int) -> list[int]:
         return [c for c in range(len(self.chunks)) if c % self.pp == stage]
@@ -71,28 +71,48 @@ def stage_of_scope(scope: str, assignment: StageAssignment) -> int | None:
     return None if chunk is None else assignment.stage_of_chunk(chunk)
 
 
+def layer_index(scope: str, family: str) -> int | None:
+    """The layer of a scope under `family` (`model.layers.3.mlp` -> 3), else None."""
+    found = layer_of(scope)
+    return found[1] if found is not None and found[0] == family else None
+
+
+def module_of(scope: str, family: str) -> str:
+    """The module beside the layers a scope is in: its first parts at the layers' depth
+    (`embed` for `embed.x` beside `layers`; `model.norm` for `model.norm.x` beside
+    `model.layers`)."""
+    return ".".join(scope.split(".")[: family.count(".") + 1])
+
+
+def graph_layer_family(graph: Graph) -> str:
+    """The family of the graph's layers, or an error saying pipelines split layers."""
+    family = layer_family(graph)
+    if family is None:
+        raise PipelineError(
+            f"graph {graph.name!r} has no ops in numbered layer scopes ('layers.<i>', "
+            "'model.layers.<i>', ...): pipeline stages split the layers of a model"
+        )
+    return family
+
+
 def layer_costs(graph: Graph) -> tuple[list[int], int, int, frozenset[str]]:
     """FLOPs per layer, of the modules before the layers and after them; the modules before."""
+    family = graph_layer_family(graph)
     per: dict[int, int] = {}
     pre = post = 0
     pre_modules: set[str] = set()
     for op in graph.ops:
         ins = [graph.type_of(v) for v in op.inputs]
         flops = op_flops(op.kind, ins, [graph.type_of(v) for v in op.outputs], op.attrs)
-        found = _LAYER.match(op.scope)
-        module = op.scope.split(".")[0]
-        if found:
-            per[int(found.group(1))] = per.get(int(found.group(1)), 0) + flops
+        layer = layer_index(op.scope, family)
+        module = module_of(op.scope, family)
+        if layer is not None:
+            per[layer] = per.get(layer, 0) + flops
         elif op.scope and (module in pre_modules or not per):
             pre_modules.add(module)
             pre += flops
         elif op.scope:
             post += flops
-    if not per:
-        raise PipelineError(
-            f"graph {graph.name!r} has no ops in 'layers.<i>' scopes: pipeline stages split "
-            "the layers of a model"
-        )
     return [per.get(i, 0) for i in range(max(per) + 1)], pre, post, frozenset(pre_modules)
 
 
@@ -106,6 +126,7 @@ def assign_layers(
     the layers count for chunk 0, those after them for the last chunk).
     """
     costs, pre, post, pre_modules = layer_costs(graph)
+    family = graph_layer_family(graph)
     n, k = len(costs), pp * virtual_stages
     if n < k:
         raise PipelineError(
@@ -125,7 +146,9 @@ def assign_layers(
                 boundaries=list(boundaries),
             )
     starts, stops = [0, *cuts], [*cuts, n]
-    return StageAssignment(pp, virtual_stages, tuple(zip(starts, stops, strict=True)), pre_modules)
+    return StageAssignment(
+        pp, virtual_stages, tuple(zip(starts, stops, strict=True)), pre_modules, family
+    )
 
 
 def assign_layers_by_time(
@@ -137,6 +160,7 @@ def assign_layers_by_time(
     `assign_layers`. FLOPs miss what is bound by memory or links: the embedding's gather,
     the loss over a large vocabulary, the tensor-parallel collectives."""
     _, _, _, pre_modules = layer_costs(training)
+    family = graph_layer_family(training)
     compute = program_op_times(program, cluster)
     rank = program.mesh.ranks[0]
     per: dict[int, float] = {}
@@ -146,10 +170,10 @@ def assign_layers_by_time(
             seconds = step_time(op.comm, program.mesh.group_of(rank, op.comm.axis), cluster)
         else:
             seconds = compute.get(op.name, 0.0)
-        found = _LAYER.match(op.scope)
-        if found:
-            per[int(found.group(1))] = per.get(int(found.group(1)), 0.0) + seconds
-        elif op.scope.split(".")[0] in pre_modules:
+        layer = layer_index(op.scope, family)
+        if layer is not None:
+            per[layer] = per.get(layer, 0.0) + seconds
+        elif module_of(op.scope, family) in pre_modules:
             pre += seconds
         elif op.scope:
             post += seconds
@@ -162,7 +186,9 @@ def assign_layers_by_time(
         )
     cuts = balanced_cuts([per.get(i, 0.0) for i in range(n)], k, pre, post)
     starts, stops = [0, *cuts], [*cuts, n]
-    return StageAssignment(pp, virtual_stages, tuple(zip(starts, stops, strict=True)), pre_modules)
+    return StageAssignment(
+        pp, virtual_stages, tuple(zip(starts, stops, strict=True)), pre_modules, family
+    )
 
 
 def balanced_cuts(costs: Sequence[float], k: int, pre: float = 0, post: float = 0) -> list[int]:

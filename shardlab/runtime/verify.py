@@ -38,13 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from shardlab.errors import ExecutionError, PresetError
+from shardlab.errors import ExecutionError
 from shardlab.ir import Graph, Op, OpRole, ValueKind
-from shardlab.models import build_model, get_preset
 from shardlab.ops import get_op
 from shardlab.ops.base import Array
 from shardlab.passes.pipeline_schedule import PipelineOptions
 from shardlab.plan import Plan, build_plan
+from shardlab.rebatch import model_at_batch, model_batch
 from shardlab.runtime.backends import run_backend
 from shardlab.runtime.reference import check_compute_dtype, run_reference, source_values
 from shardlab.runtime.simulated import global_view
@@ -235,17 +235,11 @@ PIPELINE_AXIS = "pp"
 
 
 def micro_builder(graph: Graph) -> Callable[[int], Graph]:
-    """Rebuilds preset model `graph` (its `meta` names the preset and config) at a batch size."""
-    preset, config = graph.meta.get("preset"), graph.meta.get("config")
-    if not isinstance(preset, str) or not isinstance(config, Mapping) or "batch" not in config:
-        raise PresetError(
-            f"a pipeline (mesh axis {PIPELINE_AXIS!r}) needs a preset model with a batch "
-            f"setting, got graph {graph.name!r}",
-            model=graph.name,
-        )
-    default = get_preset(preset).config
-    overrides = {k: v for k, v in config.items() if getattr(default, k, v) != v}
-    return lambda batch: build_model(preset, {**overrides, "batch": batch})
+    """Rebuilds `graph`'s model at a batch size (`shardlab.rebatch`: presets and models
+    imported from Hugging Face configs; others are refused, naming the graph)."""
+    if model_batch(graph) is None:
+        model_at_batch(graph, 1)  # raises, naming the graph
+    return lambda batch: model_at_batch(graph, batch)
 
 
 def _verify_pipelined(
@@ -269,7 +263,7 @@ def _verify_pipelined(
         microbatches=settings.microbatches,
         schedule=settings.schedule,
         virtual_stages=settings.virtual_stages,
-        batch=int(graph.meta["config"]["batch"]),
+        batch=int(model_batch(graph) or 0),
         optimizer=optimizer,
         lr=lr,
         compute_dtype=compute_dtype,

@@ -147,6 +147,22 @@ def test_seq_beyond_the_positions_names_seq() -> None:
     assert "n_positions" in info.value.message
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_imported_models_pipeline_and_verify(family: str) -> None:
+    """A pp mesh cuts the batch into micro-batches by importing the config again at the
+    micro-batch size; the layers are `model.layers.N` / `transformer.h.N`, GPT-2's tied
+    embedding is held by both stages and its dropouts draw the batch's masks."""
+    graph = graph_from_hf_config(CONFIGS[family], batch=4, seq=16)
+    options = {"pipeline": {"microbatches": 2}}
+    plan = build_plan(graph, Strategy.build("pp=2,dp=2", ["dp"], options=options))
+    assert plan.pipeline is not None
+    assert [len(plan.pipeline.assignment.layers_of_stage(s)) for s in (0, 1)] == [1, 1]
+    tied = plan.summary()["pipeline"]["tied_weights"]
+    assert [t["param"] for t in tied] == (["transformer.wte.weight"] if family == "gpt2" else [])
+    report = verify(graph, Strategy.build("pp=2,dp=2", ["dp"], options=options))
+    assert report.ok, (report.first_divergence, report.failed()[:3])
+
+
 def test_full_width_llama3_8b_imports_as_the_preset_plans_it() -> None:
     """Llama 3 8B's published config (two of its 32 layers, bf16, rope theta 500000 at
     seq 2048): the same parameters as the preset, no opaque constants (its bf16 rotary

@@ -182,6 +182,23 @@ def test_a_mask_from_local_indices_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     assert not report.ok and report.first_divergence == "pos_embed.dropout"
 
 
+@pytest.mark.parametrize(
+    ("mesh", "options"),
+    [("pp=2", {"microbatches": 2}), ("pp=2,dp=2", {"microbatches": 2, "schedule": "gpipe"})],
+    ids=["pp2-1f1b", "pp2xdp2-gpipe"],
+)
+def test_pipelined_dropout_draws_each_micro_batch_its_rows_of_the_batch_masks(
+    mesh: str, options: dict[str, object]
+) -> None:
+    """Micro-batch m of a batch-major activation is rows [m b, (m + 1) b) of the batch's:
+    its dropout masks must be those one device draws for those rows (attr `offset`), not
+    micro-batch 0's again (which diverged at the loss before)."""
+    strategy = Strategy.build(mesh, ["dp"] if "dp" in mesh else [],
+                              options={"pipeline": options})  # fmt: skip
+    report = verify(build_model("gpt", GPT), strategy)
+    assert report.ok, (report.first_divergence, report.failed()[:3])
+
+
 FLOAT32_PLANS = [("dp=4", ["dp"]), ("tp=2", ["megatron_tp"]), ("dp=4", ["dp", "fsdp"]),
                  ("dp=4", ["dp", "zero2"])]  # fmt: skip
 GPT2 = {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "batch": 8, "vocab": 128}
