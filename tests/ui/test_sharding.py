@@ -196,3 +196,25 @@ def test_a_small_mesh_has_no_compact_mode(page: Page, built_plan: dict[str, Any]
     expect(page.locator(".sh-cell")).to_have_count(4)
     expect(page.locator(".sh-heatmap")).to_have_count(0)
     expect(page.get_by_role("button", name="Compact: heat map of block index")).to_be_hidden()
+
+
+def test_uneven_blocks_show_each_ranks_own_shape(page: Page, server: Server) -> None:
+    """A vocab of 257 over tp=2 and a batch of 6 over dp=4 (DTensor-style uneven blocks):
+    the diagram says the blocks are uneven and each rank's cell has its own rows."""
+    odd = {**TINY_LLAMA, "vocab": 257, "batch": 6}
+    strategy = {"name": "ui-uneven", "mesh": "dp=2,tp=2", "templates": ["dp", "megatron_tp"]}
+    plan = create_plan(server, "ui-uneven", strategy, "h100-sxm-1x4", odd)
+    value = "embed.weight"
+    blocks = server.api("GET", f"/api/plans/{plan['id']}/blocks/{value}")
+    assert blocks["even"] is False
+    rows = {r["rank"]: r["local_shape"][0] for r in blocks["ranks"]}
+    assert sorted(set(rows.values())) == [128, 129]  # 257 = 129 + 128 over tp
+    page.goto(f"/#/plans/{plan['id']}/sharding?value={value}")
+    expect(page.locator("[data-field=uneven]")).to_contain_text("blocks differ by one")
+    detail = page.locator("#rank-detail")
+    for rank in (0, 1):
+        page.locator(f'.sh-cell[data-rank="{rank}"]').hover()
+        expect(detail.get_by_role("heading")).to_have_text(f"Rank {rank}")
+        mine = next(r for r in blocks["ranks"] if r["rank"] == rank)
+        expect(detail.locator("[data-field=local-shape]")).to_have_text(_shape(mine["local_shape"]))
+        expect(detail.locator("tr[data-dim='0'] td").nth(1)).to_have_text(_range(mine["ranges"][0]))
