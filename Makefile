@@ -12,8 +12,10 @@ $(BIN)/python:
 	$(BIN)/pip install -q -U pip setuptools wheel
 
 # Stamps record which extras are installed; they are redone when pyproject.toml changes.
+# `make run` installs the worker (torch: verification on real ranks) and import extras
+# (transformers: the Models view's Hugging Face import), so every view works out of the box.
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[worker,import]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
