@@ -22,9 +22,19 @@ parameter's actual placements (`export.parameters`), never from template names a
   column-parallel module reads its input as the plan lays it out (`Shard(1)` with sequence
   parallelism), a row-parallel module's partial sums go where the plan's consumers want them
   (`Replicate()` or `Shard(1)`), and a column-parallel module feeding the loss gathers its
-  output (`Replicate()`, torchtitan's path without loss parallelism). A parameter whose
-  placement the style would not give (a replicated bias under a column-parallel weight, a
-  sharded norm) is refused with an `ExportError` naming it.
+  output (`Replicate()`, torchtitan's path without loss parallelism). A sequence-sharded
+  output (the embedding's and the row-parallel modules' under sequence parallelism) is kept
+  a DTensor (`use_local_output=False`), as `SequenceParallel` keeps the norms' outputs: the
+  residual stream then has its global shape, which models read (Hugging Face numbers the
+  positions for the rotary embedding and the causal mask from the embedding output's
+  `shape[1]`; a local tensor would give half of them). Hugging Face's `Conv1D` (weight
+  [in, out]) takes the generated module's `Conv1DColwiseParallel` / `Conv1DRowwiseParallel`
+  (weight `Shard(1)` / `Shard(0)`). A weight another module's linear also reads (a tied
+  lm_head) styles that module too, and the module ties the weight again (`TIED`). A
+  parameter whose placement the style would not give (a replicated bias under a
+  column-parallel weight, a sharded norm) is refused with an `ExportError` naming it, and so
+  are the layouts `export.dtensor_checks` finds the model's code cannot read (heads split
+  after a replicated projection, a fused projection sharded by columns).
 - The FSDP axis: `fully_shard(unit, mesh=...)` per repeated layer (the module FQN up to its
   first numeric component, `layers.3`) and then the root, each parameter sharded on the dim
   the plan shards (`shard_placement_fn`); data axes beside it make it HSDP
@@ -37,9 +47,11 @@ parameter's actual placements (`export.parameters`), never from template names a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from shardlab.export.dtensor_checks import check_kv_heads, refuse_split_columns
 from shardlab.export.parameters import (
+    CONV1D,
     EMBEDDING,
     LINEAR,
     NORM,
@@ -48,11 +60,13 @@ from shardlab.export.parameters import (
     ParamLayout,
     parameter_layouts,
 )
-from shardlab.ir import OpRole, ValueKind
+from shardlab.ir import Op, OpRole, ValueKind
 from shardlab.placement import Partial, Placement, Replicate, Shard
 from shardlab.plan import Plan
 
 TENSOR, FSDP, DATA, IDLE = "tensor", "fsdp", "data", "idle"
+#: the generated module's styles for Hugging Face's Conv1D: `Conv1DColwiseParallel`, ...
+CONV1D_PREFIX = "Conv1D"
 #: Templates that shard optimizer state only: no exact DTensor form.
 ZERO_STATE_ONLY = ("zero1", "zero2")
 _LAYER_UNIT = re.compile(r"^(.*?\.\d+)(?:\.|$)")
@@ -81,6 +95,8 @@ class DTensorExport:
     params: list[ParamLayout]
     tp_axis: str | None = None
     tp_plan: dict[str, Style] = field(default_factory=dict)
+    #: a tied weight's other name -> the plan's parameter (`lm_head.weight` -> the embedding's)
+    tied: dict[str, str] = field(default_factory=dict)
     fsdp_axis: str | None = None
     fsdp_dims: dict[str, int] = field(default_factory=dict)  # param -> torch dim
     fsdp_units: list[str] = field(default_factory=list)
@@ -128,10 +144,25 @@ def _axis_roles(plan: Plan, params: list[ParamLayout]) -> dict[str, str]:
 
 
 def _forward_reader(plan: Plan, param: ParamLayout) -> tuple[str, str] | None:
-    """(input value, output value) of the forward op that reads `param` (its module's op)."""
-    for op in plan.completed.graph.consumers(param.name):
+    """(input value, output value) of the module whose forward op reads `param`: the op's,
+    past the reshapes inside the module (Conv1D flattens its input to 2-D and views its
+    output back), so that layouts are the module's own."""
+    graph = plan.completed.graph
+
+    def inside(op: Op | None, scope: str) -> bool:
+        return op is not None and op.kind == "reshape" and op.scope == scope and bool(scope)
+
+    for op in graph.consumers(param.name):
         if op.role == OpRole.FORWARD and op.inputs[0] != param.name:
-            return op.inputs[0], op.outputs[0]
+            x, y = op.inputs[0], op.outputs[0]
+            while inside(producer := graph.producer(x), op.scope) and producer is not None:
+                x = producer.inputs[0]
+            while True:
+                users = [c for c in graph.consumers(y) if c.role == OpRole.FORWARD]
+                if len(users) != 1 or not inside(users[0], op.scope):
+                    break
+                y = users[0].outputs[0]
+            return x, y
     return None
 
 
@@ -163,46 +194,59 @@ def _layout(p: Placement, rank: int) -> str:
     return "Replicate()"
 
 
+#: the torch dim of each kind of module's weight that holds its output features
+_COLUMN_DIM = {LINEAR: 0, CONV1D: 1, EMBEDDING: 1}
+
+
 def _style_params(style: str, kind: str) -> dict[str, Placement]:
     """The torch placement a style gives a module's weight and bias on the tp axis."""
     col: dict[str, Placement] = {"weight": Shard(0), "bias": Shard(0)}
     row: dict[str, Placement] = {"weight": Shard(1), "bias": Replicate()}
     if kind == EMBEDDING:
         col, row = {"weight": Shard(1)}, {"weight": Shard(0)}
-    return {"ColwiseParallel": col, "RowwiseParallel": row}.get(style, {})
+    if kind == CONV1D:  # weight [in, out]: the generated module's Conv1D styles
+        col = {"weight": Shard(1), "bias": Shard(0)}
+        row = {"weight": Shard(0), "bias": Replicate()}
+    styles = {"ColwiseParallel": col, "RowwiseParallel": row}
+    return styles.get(style.removeprefix(CONV1D_PREFIX), {})
 
 
-def _module_style(plan: Plan, axis: str, module: str, params: list[ParamLayout]) -> Style | None:
+def _module_style(plan: Plan, axis: str, module: str, params: list[ParamLayout],
+                  reader: tuple[str, str] | None = None) -> Style | None:  # fmt: skip
     weight = next((p for p in params if p.attr == "weight"), params[0])
     kind = weight.kind
     placement = weight.torch_placement(axis)
-    reader = _forward_reader(plan, weight)
+    reader = reader or _forward_reader(plan, weight)
 
     def rank_of(value: str) -> int:
         return plan.completed.graph.type_of(value).rank
 
     style: Style | None = None
-    if isinstance(placement, Shard) and kind in (LINEAR, EMBEDDING) and reader is not None:
+    prefix = CONV1D_PREFIX if kind == CONV1D else ""
+    if isinstance(placement, Shard) and kind in _COLUMN_DIM and reader is not None:
         x, y = reader
-        column = placement.dim == (0 if kind == LINEAR else 1)
-        if column:
+        if placement.dim == _COLUMN_DIM[kind]:
+            refuse_split_columns(plan, axis, weight, y)
             kwargs = []
-            if kind == LINEAR and _on(plan, x, axis) != Replicate():
+            if kind != EMBEDDING and _on(plan, x, axis) != Replicate():
                 kwargs.append(("input_layouts", _layout(_on(plan, x, axis), rank_of(x))))
             if _feeds_loss(plan, y):
                 kwargs.append(("output_layouts", "Replicate()"))
-            style = Style("ColwiseParallel", tuple(kwargs))
+            style = Style(f"{prefix}ColwiseParallel", tuple(kwargs))
         else:
             kwargs = [("input_layouts", "Replicate()")] if kind == EMBEDDING else []
             out = _wanted(plan, y, axis)
             if out != Replicate():
                 kwargs.append(("output_layouts", _layout(out, rank_of(y))))
-            style = Style("RowwiseParallel", tuple(kwargs))
+                # a sequence-sharded residual stream stays a DTensor (global shape), as the
+                # SequenceParallel norms keep it (module docstring)
+                kwargs.append(("use_local_output", "False"))
+            style = Style(f"{prefix}RowwiseParallel", tuple(kwargs))
     elif all(isinstance(p.placements[axis], Replicate) for p in params) and reader is not None:
         x, y = reader
         if kind == NORM and isinstance(_on(plan, y, axis), Shard):
             style = Style("SequenceParallel")
-        elif kind == LINEAR and isinstance(_on(plan, x, axis), Shard):
+        elif kind in (LINEAR, CONV1D) and isinstance(_on(plan, x, axis), Shard):
             have = _layout(_on(plan, x, axis), rank_of(x))
             style = Style("PrepareModuleInput", (
                 ("input_layouts", f"({have},)"), ("desired_input_layouts", "(Replicate(),)"),
@@ -222,6 +266,25 @@ def _module_style(plan: Plan, axis: str, module: str, params: list[ParamLayout])
                 placement=str(p.placements[axis]),
             )
     return style
+
+
+def _tied_styles(plan: Plan, axis: str, params: list[ParamLayout], out: DTensorExport) -> None:
+    """A weight a linear of another module also reads (GPT-2's lm_head reads the token
+    embedding as [vocab, hidden]): that module is styled as a linear holding the weight as
+    placed, and the generated module ties its `weight` to the parameter again afterwards
+    (a style replaces the parameters it shards, which unties them)."""
+    for p in params:
+        for op in plan.completed.graph.consumers(p.name):
+            linear = op.kind in ("matmul", "linear") and op.inputs[1:2] == (p.name,)
+            if op.role != OpRole.FORWARD or not linear or op.scope in ("", p.module):
+                continue
+            alias = f"{op.scope}.weight"
+            # the readers agree on its layout (`parameter_layouts`): as stored, as nn.Linear's
+            as_read = replace(p, name=alias, module=op.scope, attr="weight", kind=LINEAR)
+            style = _module_style(plan, axis, op.scope, [as_read], (op.inputs[0], op.outputs[0]))
+            out.tied[alias] = p.name
+            if style is not None:
+                out.tp_plan[op.scope] = style
 
 
 def derive_export(plan: Plan) -> DTensorExport:
@@ -253,10 +316,12 @@ def derive_export(plan: Plan) -> DTensorExport:
     for p in params:
         by_module.setdefault(p.module, []).append(p)
     if out.tp_axis is not None:
+        check_kv_heads(plan, out.tp_axis, {p.name: p for p in params})
         for module, group in by_module.items():
             style = _module_style(plan, out.tp_axis, module, group)
             if style is not None:
                 out.tp_plan[module] = style
+        _tied_styles(plan, out.tp_axis, params, out)
     if out.fsdp_axis is not None:
         for p in params:
             placement = p.torch_placement(out.fsdp_axis)

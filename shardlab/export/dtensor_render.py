@@ -7,8 +7,12 @@ The generated module is ruff-clean, imports only torch, and holds:
   `build_mesh(device_type)`;
 - `PLACEMENTS`: every parameter's placement per mesh axis in torch's layout (documentation,
   and what a test compares the applied DTensors with);
-- `tp_plan()` for `parallelize_module` on the tensor-parallel axis, `FSDP_SHARD_DIMS` and
-  `FSDP_UNITS` for `fully_shard`, `PIPELINE_STAGES` for a pipelined plan;
+- `tp_plan()` for `parallelize_module` on the tensor-parallel axis (and `TIED`, the weights
+  it ties again afterwards), `FSDP_SHARD_DIMS` and `FSDP_UNITS` for `fully_shard`,
+  `PIPELINE_STAGES` for a pipelined plan;
+- for Hugging Face's `Conv1D` (weight [in, out], which torch's styles refuse),
+  `Conv1DColwiseParallel` / `Conv1DRowwiseParallel`: torch's styles with the weight sharded
+  on its output (dim 1) or input (dim 0) features;
 - `parallelize(model, world_mesh=None, device_type="cuda")`, which applies them in
   torchtitan's order (tensor parallelism, activation checkpointing, then data parallelism:
   FSDP / HSDP or replicate) and returns the model.
@@ -20,7 +24,7 @@ import json
 import textwrap
 from typing import Any
 
-from shardlab.export.dtensor import DTensorExport
+from shardlab.export.dtensor import CONV1D_PREFIX, DTensorExport
 from shardlab.placement import Placement, Shard
 from shardlab.plan import Plan
 
@@ -67,11 +71,19 @@ def _header(export: DTensorExport, plan: Plan) -> list[str]:
     return out
 
 
+def _conv1d(export: DTensorExport) -> bool:
+    return any(s.cls.startswith(CONV1D_PREFIX) for s in export.tp_plan.values())
+
+
 def _imports(export: DTensorExport) -> list[str]:
-    styles = sorted({s.cls for s in export.tp_plan.values()})
-    needs_replicate = any("Replicate()" in s.code() for s in export.tp_plan.values())
-    needs_shard = any("Shard(" in s.code() for s in export.tp_plan.values()) or export.fsdp_dims
+    styles = sorted({s.cls.removeprefix(CONV1D_PREFIX) for s in export.tp_plan.values()})
+    conv1d = _conv1d(export)
+    needs_replicate = conv1d or any("Replicate()" in s.code() for s in export.tp_plan.values())
+    needs_shard = (
+        conv1d or any("Shard(" in s.code() for s in export.tp_plan.values()) or export.fsdp_dims
+    )
     out = ["from __future__ import annotations", ""]
+    out += ["from functools import partial"] if conv1d else []
     out += ["from typing import Any", ""] if styles else []
     out += ["import torch"] if export.mesh_ranks else []
     out.append("from torch import nn")
@@ -88,6 +100,7 @@ def _imports(export: DTensorExport) -> list[str]:
         out.append("from torch.distributed.fsdp import fully_shard")
     needs = (("Replicate", needs_replicate), ("Shard", needs_shard))
     tensor_names = [n for n, need in needs if need]
+    tensor_names += ["distribute_module", "distribute_tensor"] if conv1d else []
     if tensor_names:
         out.append(f"from torch.distributed.tensor import {', '.join(tensor_names)}")
     if styles:
@@ -115,6 +128,9 @@ def _constants(export: DTensorExport) -> list[str]:
         "PLACEMENTS", placements, f"each parameter's placement on mesh axes {', '.join(axes)}, "
         "in torch's\n#: layout (nn.Linear weights are [out, in])",
     )  # fmt: skip
+    if export.tp_axis is not None and export.tied:
+        tied = {k: json.dumps(v) for k, v in export.tied.items()}
+        out += _lines_of_dict("TIED", tied, "a tied weight's other name -> the parameter")
     if export.fsdp_axis is not None:
         dims = {k: str(v) for k, v in export.fsdp_dims.items()}
         out += _lines_of_dict("FSDP_SHARD_DIMS", dims, "the dim FSDP shards each parameter on")
@@ -134,13 +150,62 @@ def _constants(export: DTensorExport) -> list[str]:
     return out
 
 
+#: the generated module's styles for Hugging Face's Conv1D (module docstring)
+CONV1D_STYLES = '''
+
+def _distribute_conv1d(
+    style: Any, module: nn.Module, mesh: DeviceMesh, weight: Shard, bias: Shard | Replicate
+) -> nn.Module:
+    """Apply torch's `style` to Hugging Face's Conv1D (weight [in, out]), which torch's own
+    styles refuse: its weight and bias placed as given, its inputs and outputs as `style`'s."""
+
+    def partition(_name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+        for key, param in list(mod.named_parameters(recurse=False)):
+            placed = distribute_tensor(param, mesh, [weight if key == "weight" else bias])
+            mod.register_parameter(key, nn.Parameter(placed))
+
+    prepare_in = partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts)
+    prepare_out = partial(style._prepare_output_fn, style.output_layouts, style.use_local_output)
+    return distribute_module(module, mesh, partition, prepare_in, prepare_out)
+
+
+class Conv1DColwiseParallel(ColwiseParallel):
+    """ColwiseParallel for Conv1D: weight Shard(1) (output features), bias Shard(0)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return _distribute_conv1d(self, module, device_mesh, Shard(1), Shard(0))
+
+
+class Conv1DRowwiseParallel(RowwiseParallel):
+    """RowwiseParallel for Conv1D: weight Shard(0) (input features), bias Replicate()."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        self.desired_input_layouts = (Shard(-1),)
+        return _distribute_conv1d(self, module, device_mesh, Shard(0), Replicate())
+'''
+
+
 def _tp_plan(export: DTensorExport) -> list[str]:
-    out = ["", "def tp_plan() -> dict[str, Any]:"]
+    out = CONV1D_STYLES.split("\n") if _conv1d(export) else []
+    out += ["", "def tp_plan() -> dict[str, Any]:"]
     out.append('    """Module FQN -> tensor-parallel style (fresh objects for each call)."""')
     out.append("    return {")
-    out += [f"        {json.dumps(m)}: {s.code()}," for m, s in export.tp_plan.items()]
+    for module, style in export.tp_plan.items():
+        out += _plan_entry(json.dumps(module), style.cls, [f"{k}={v}" for k, v in style.kwargs])
     out += ["    }", ""]
     return out
+
+
+def _plan_entry(key: str, cls: str, args: list[str], width: int = 100) -> list[str]:
+    """One `tp_plan()` entry, wrapped as ruff format wraps a call that does not fit: the
+    arguments on one line of their own, else one a line with a trailing comma."""
+    line = f"        {key}: {cls}({', '.join(args)}),"
+    if len(line) <= width:
+        return [line]
+    hugged = f"            {', '.join(args)}"
+    if len(hugged) <= width:
+        return [f"        {key}: {cls}(", hugged, "        ),"]
+    return [f"        {key}: {cls}(", *[f"            {a}," for a in args], "        ),"]
 
 
 def _body(export: DTensorExport) -> list[str]:
@@ -169,6 +234,13 @@ def _body(export: DTensorExport) -> list[str]:
     out.append("    mesh = world_mesh if world_mesh is not None else build_mesh(device_type)")
     if export.tp_axis is not None:
         out.append("    parallelize_module(model, mesh[TP_AXIS], tp_plan())")
+        if export.tied:
+            out += [
+                "    for alias, source in TIED.items():  # the styles untied them: tie again",
+                '        owner, _, attr = alias.rpartition(".")',
+                "        model.get_submodule(owner).register_parameter(attr,"
+                " model.get_parameter(source))",
+            ]
     if export.recompute == "full":
         out += [
             "    for unit in FSDP_UNITS:",

@@ -16,7 +16,8 @@ with `transpose_b` (an imported `nn.Linear`, a tied lm_head), by `embedding`, or
 other op is already in torch's layout. A graph imported from PyTorch (`shardlab.importers`,
 its `meta["importer"]` set) holds every parameter as its module stores it, so none of its
 parameters is transposed (its `nn.Linear` is `matmul` with `transpose_b`; Hugging Face's
-`Conv1D`, stored [in, out], is `linear`, and stays as stored).
+`Conv1D`, stored [in, out], is `linear`, and stays as stored: its kind is `CONV1D`, whose
+output features are dim 1, where `nn.Linear`'s are dim 0).
 
 Refused (an `ExportError` naming the parameter and placement): a `Partial` parameter (no
 DTensor holds a parameter as partial sums), and a parameter whose readers disagree on its
@@ -35,6 +36,8 @@ from shardlab.plan_pipeline import PIPELINE_AXIS
 
 #: Kinds of module a parameter can belong to, by the forward op that reads it.
 LINEAR, EMBEDDING, NORM, OTHER = "linear", "embedding", "norm", "other"
+#: Hugging Face's `Conv1D` (GPT-2): a linear module storing its weight [in, out]
+CONV1D = "conv1d"
 NORM_OPS = ("rms_norm", "layer_norm")
 
 
@@ -51,7 +54,7 @@ class ParamLayout:
     name: str  # the value name = the torch FQN (`layers.0.attn.q_proj.weight`)
     module: str  # `layers.0.attn.q_proj` ("" for a parameter of the root module)
     attr: str  # `weight`
-    kind: str  # LINEAR, EMBEDDING, NORM or OTHER: what reads it in the forward
+    kind: str  # LINEAR, CONV1D, EMBEDDING, NORM or OTHER: what reads it in the forward
     shape: tuple[int, ...]  # Shardlab's shape
     transposed: bool  # Shardlab's 2-D layout is torch's transposed (module docstring)
     placements: dict[str, Placement]  # mesh axis -> placement, Shardlab's dims
@@ -126,6 +129,8 @@ def parameter_layouts(plan: Plan) -> list[ParamLayout]:
             placements[axis] = p
             pinned[axis] = slots[i][1].pin if i in slots else True
         kind, transposed = _reader_layout(graph, name)
+        if imported and kind == LINEAR and transposed and value.type.rank == 2:
+            kind = CONV1D  # an imported `linear` reads Conv1D's [in, out] weight as stored
         module, _, attr = name.rpartition(".")
         out.append(
             ParamLayout(
@@ -143,6 +148,7 @@ def parameter_layouts(plan: Plan) -> list[ParamLayout]:
 
 
 __all__ = [
+    "CONV1D",
     "EMBEDDING",
     "LINEAR",
     "NORM",

@@ -40,6 +40,7 @@ from backend.schemas.jobs import (
     VerificationCreate,
     VerifyOn,
 )
+from backend.schemas.model_import import HfImportCreate
 from backend.schemas.resources import ClusterCreate, ModelCreate, StrategyCreate, StrategyUpdate
 from backend.schemas.reviews import Anchor, BaselineCreate, CommentCreate, DecisionCreate
 from backend.settings import Settings
@@ -290,6 +291,7 @@ def test_a_mesh_at_the_limits_is_accepted(client: TestClient) -> None:
 STORED: dict[tuple[type[BaseModel], str], str] = {
     (ModelCreate, "name"): "models.name",
     (ModelCreate, "preset"): "models.preset",
+    (HfImportCreate, "name"): "models.name",
     (CheckModel, "preset"): "models.preset",
     (StrategyCreate, "name"): "strategies.name",
     (StrategyCreate, "mesh"): "strategies.mesh",

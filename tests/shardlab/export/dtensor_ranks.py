@@ -1,10 +1,13 @@
-"""A small Llama-like torch model with the preset's FQNs, and the rank job that applies an
-exported DTensor module to it (tests of `shardlab.export.dtensor`).
+"""The models the DTensor round trips apply exported modules to, and the rank job doing it
+(tests of `shardlab.export.dtensor`).
 
-What it is for: the round-trip test spawns gloo ranks (`runtime.torch_launch.spawn`) that
-each build this model with the same seed, exec the generated module, call its
+What it is for: the round-trip tests spawn gloo ranks (`runtime.torch_launch.spawn`) that
+each build one model with the same seed, exec the generated module, call its
 `parallelize`, report every parameter's DTensor placements and take one training step,
-whose updated parameters the test compares with a single-process step.
+whose updated parameters the test compares with a single-process step. `common["model"]`
+names the model (`MODELS`): "tiny" (below, default), or a real `transformers` model
+"hf" (a `HfCase`: the config dict `graph_from_hf_config` imports, built on the CPU).
+`round_trip` is the test side: spawn the ranks, compare with the plan and the reference.
 
 The model mirrors `shardlab.models.transformer` (llama family): `embed`, `layers.{i}` with
 `attn_norm`, `attn.{q,k,v,o}_proj`, `mlp_norm`, `mlp.{gate,up,down}_proj`, then
@@ -16,7 +19,8 @@ tensor parallelism needs.
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -133,24 +137,74 @@ def build(cfg: TinyConfig) -> TinyLlama:
     return model
 
 
-def step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, opt: str, lr: float
-         ) -> float:  # fmt: skip
+@dataclass(frozen=True)
+class HfCase:
+    """A tiny real `transformers` causal LM: the config dict the importer reads, and the batch."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    batch: int = 4
+    seq: int = 16
+
+
+def build_hf(case: HfCase) -> nn.Module:
+    """The model `case.config` describes, on the CPU, seeded (every rank the same weights),
+    built as `importers.hf_config` builds it (sdpa attention, no cache, training mode)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in case.config.items() if k not in ("model_type", "architectures")}
+    config = AutoConfig.for_model(case.config["model_type"], **fields, use_cache=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with torch.no_grad():  # norm weights away from 1, so their gradients matter
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if "norm" in type(module).__name__.lower() and weight is not None:
+                weight.uniform_(0.5, 1.5)
+    return model.train()
+
+
+def hf_batch(case: HfCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their next-token labels (`importers.hf_config`: `labels` holds each
+    position's next token; the loss covers every position): one stream of seq + 1 tokens."""
+    g = torch.Generator().manual_seed(1234)
+    stream = torch.randint(0, case.config["vocab_size"], (case.batch, case.seq + 1), generator=g)
+    return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How to build a named model, run it to logits, and draw its global batch."""
+
+    build: Callable[[Any], nn.Module]
+    logits: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    batch: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
+
+
+MODELS = {
+    "tiny": Workload(build, lambda m, tokens: m(tokens), batch),
+    "hf": Workload(build_hf, lambda m, tokens: m(input_ids=tokens).logits, hf_batch),
+}
+
+
+def step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, opt: str, lr: float,
+         kind: str = "tiny") -> float:  # fmt: skip
     """One training step: mean cross-entropy, backward, the plan's optimizer."""
     params = list(model.parameters())
     optimizer = (
         torch.optim.AdamW(params, lr=lr) if opt == "adamw" else torch.optim.SGD(params, lr=lr)
     )
-    logits = model(tokens)
+    logits = MODELS[kind].logits(model, tokens)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     loss.backward()
     optimizer.step()
     return float(loss.detach())
 
 
-def reference(cfg: TinyConfig, opt: str, lr: float) -> tuple[float, dict[str, Any]]:
+def reference(cfg: Any, opt: str, lr: float, kind: str = "tiny") -> tuple[float, dict[str, Any]]:
     """The single-process step: its loss and every updated parameter."""
-    model = build(cfg)
-    loss = step(model, *batch(cfg), opt, lr)
+    work = MODELS[kind]
+    model = work.build(cfg)
+    loss = step(model, *work.batch(cfg), opt, lr, kind)
     return loss, {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
 
 
@@ -166,15 +220,17 @@ def _placement_text(p: Any) -> str:
 def rank_job(proc: int, common: dict[str, Any], mine: Any) -> dict[str, Any]:
     """Apply the generated module to the model on this rank; its placements and its step.
 
-    `common`: source (the generated module), cfg, optimizer, lr, batch_axes (the mesh axes
-    that split the batch, in mesh order)."""
+    `common`: source (the generated module), model (a `MODELS` name; "tiny" when absent),
+    cfg (its config), optimizer, lr, batch_axes (the mesh axes that split the batch, in mesh
+    order)."""
     from torch.distributed.tensor import DTensor
 
-    cfg: TinyConfig = common["cfg"]
+    kind = common.get("model", "tiny")
+    work, cfg = MODELS[kind], common["cfg"]
     module = types.ModuleType("shardlab_export_under_test")
     exec(compile(common["source"], "<export>", "exec"), module.__dict__)
     mesh = module.build_mesh("cpu")
-    model = module.parallelize(build(cfg), mesh)
+    model = module.parallelize(work.build(cfg), mesh)
     placements: dict[str, dict[str, str]] = {}
     for name, p in model.named_parameters():
         name = name.replace(WRAPPED, "")
@@ -185,15 +241,70 @@ def rank_job(proc: int, common: dict[str, Any], mine: Any) -> dict[str, Any]:
             }
         else:
             placements[name] = {}
-    tokens, labels = batch(cfg)
-    index, count = 0, 1
+    tokens, labels = work.batch(cfg)
+    index, count, rows_total = 0, 1, tokens.shape[0]
     for axis in common["batch_axes"]:
         size = mesh[axis].size()
         index, count = index * size + mesh[axis].get_local_rank(), count * size
-    rows = slice(index * cfg.batch // count, (index + 1) * cfg.batch // count)
-    loss = step(model, tokens[rows], labels[rows], common["optimizer"], common["lr"])
+    rows = slice(index * rows_total // count, (index + 1) * rows_total // count)
+    loss = step(model, tokens[rows], labels[rows], common["optimizer"], common["lr"], kind)
     full = {}
     for name, p in model.named_parameters():
         value = p.full_tensor() if isinstance(p, DTensor) else p
         full[name.replace(WRAPPED, "")] = value.detach().numpy().copy()
     return {"placements": placements, "loss": loss, "params": full if proc == 0 else None}
+
+
+def _expected(plan: Any) -> dict[str, dict[str, str]]:
+    """Every parameter's placement per mesh axis in torch's layout, as the plan says."""
+    from shardlab.export.parameters import parameter_layouts
+    from shardlab.placement import Shard
+
+    return {
+        p.name: {
+            axis: (f"S({x.dim})" if isinstance(x, Shard) else "R")
+            for axis, x in p.torch_placements().items()
+        }
+        for p in parameter_layouts(plan)
+    }
+
+
+def round_trip(plan: Any, kind: str, cfg: Any, optimizer: str, lr: float) -> None:
+    """Apply `plan`'s generated module to model `kind` on one gloo rank per device; assert
+    every parameter's DTensor placements are the plan's and one step matches the reference."""
+    import numpy as np
+    import pytest
+
+    from shardlab.export.dtensor import derive_export, render_dtensor
+    from shardlab.runtime.torch_launch import spawn
+
+    export = derive_export(plan)
+    batch_axes = [a for a in export.mesh_axes if a in export.data_axes or a == export.fsdp_axis]
+    common = {"source": render_dtensor(plan), "model": kind, "cfg": cfg,
+              "optimizer": optimizer, "lr": lr, "batch_axes": batch_axes}  # fmt: skip
+    ranks = spawn(rank_job, common, [None] * plan.strategy.mesh.size, timeout_s=120)
+
+    want = _expected(plan)
+    for rank, result in enumerate(ranks):
+        got = result["placements"]
+        assert set(got) == set(want), f"rank {rank}: parameters differ"
+        for name, axes in want.items():
+            have = {axis: got[name].get(axis, "R") for axis in axes}  # not on its mesh: R
+            assert have == axes, f"rank {rank}, {name}: DTensor {got[name]}, plan {axes}"
+            assert set(got[name]) <= set(axes), f"{name} on axes the plan lacks: {got[name]}"
+    assert any(any(p != "R" for p in axes.values()) for axes in want.values())
+
+    loss, params = reference(cfg, optimizer, lr, kind)
+    mean_loss = sum(r["loss"] for r in ranks) / len(ranks)  # equal batch shards: the mean
+    assert mean_loss == pytest.approx(loss, rel=1e-5)
+    stepped = ranks[0]["params"]
+    assert set(stepped) == set(params)
+    # SGD: the update is lr x the gradient (tight); AdamW's first step is lr x about sign(g),
+    # so an element whose gradient is near zero may move by a fraction of lr
+    atol = 1e-5 if optimizer == "sgd" else 1e-4
+    for name, value in params.items():
+        np.testing.assert_allclose(stepped[name], value, rtol=1e-4, atol=atol, err_msg=name)
+    initial = {n: p.detach().numpy() for n, p in MODELS[kind].build(cfg).named_parameters()}
+    moved = {n: float(np.abs(params[n] - initial[n]).max()) for n in params}
+    still = {n: m for n, m in moved.items() if m <= 10 * atol}
+    assert not still, f"the step moved these parameters within 10 x the tolerance: {still}"

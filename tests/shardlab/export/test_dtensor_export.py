@@ -58,8 +58,12 @@ def test_sequence_parallel_norms_and_layouts() -> None:
     for norm in ("layers.0.attn_norm", "layers.1.mlp_norm", "final_norm"):
         assert got[norm] == "SequenceParallel()"
     assert got["layers.0.attn.q_proj"] == "ColwiseParallel(input_layouts=Shard(1))"
-    assert got["layers.1.mlp.down_proj"] == "RowwiseParallel(output_layouts=Shard(1))"
-    assert got["embed"] == "RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))"
+    # the sequence-sharded residual stream stays a DTensor (its global shape)
+    local = "use_local_output=False"
+    assert got["layers.1.mlp.down_proj"] == f"RowwiseParallel(output_layouts=Shard(1), {local})"
+    assert got["embed"] == (
+        f"RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), {local})"
+    )
     assert got["lm_head"] == ("ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())")
 
 
@@ -125,6 +129,109 @@ def test_refusals_name_the_parameter_axis_and_placement() -> None:
     assert issubclass(ExportError, ShardlabError)
 
 
+#: a tiny Hugging Face Llama (grouped-query: 4 heads, 2 kv heads), imported from its config
+HF_LLAMA = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+            "vocab_size": 128, "max_position_embeddings": 64}  # fmt: skip
+
+
+def hf_plan(mesh: str, templates: list[str]) -> Plan:
+    pytest.importorskip("transformers")
+    from shardlab.importers.hf_config import graph_from_hf_config
+
+    graph = graph_from_hf_config(HF_LLAMA, batch=4, seq=16)
+    return build_plan(graph, Strategy.build(mesh, templates), passes=False)
+
+
+def test_hf_llama_names_take_the_styles_of_their_placements() -> None:
+    got = styles(hf_plan("tp=2", ["megatron_tp", "sequence_parallel"]))
+    local = "use_local_output=False"
+    for norm in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm",
+                 "model.norm"):  # fmt: skip
+        assert got[norm] == "SequenceParallel()"
+    for proj in ("q_proj", "k_proj", "v_proj"):  # 2 kv heads: one per rank
+        assert got[f"model.layers.1.self_attn.{proj}"] == "ColwiseParallel(input_layouts=Shard(1))"
+    assert got["model.layers.0.self_attn.o_proj"] == (
+        f"RowwiseParallel(output_layouts=Shard(1), {local})"
+    )
+    # the embedding's output keeps its global shape: Hugging Face numbers the rotary
+    # positions from it
+    assert got["model.embed_tokens"] == (
+        f"RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), {local})"
+    )
+    assert got["lm_head"] == "ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())"
+    assert "model.rotary_emb" not in got and len(got) == 2 * 9 + 3
+    plain = styles(hf_plan("tp=2", ["megatron_tp"]))
+    assert plain["model.layers.0.mlp.down_proj"] == "RowwiseParallel()"
+    assert "model.norm" not in plain
+
+
+def test_replicated_kv_heads_under_split_query_heads_are_refused() -> None:
+    # 2 kv heads over 4 ranks: megatron_tp keeps k/v replicated, which no DTensor style gives
+    with pytest.raises(ExportError, match=r"'model\.layers\.0\.self_attn\.k_proj\.weight' "
+                       r"\(its keys and values\) replicated.*2 kv heads do not divide over 4 "
+                       "ranks") as caught:  # fmt: skip
+        derive_export(hf_plan("tp=4", ["megatron_tp"]))
+    assert caught.value.detail["axis"] == "tp"
+    assert caught.value.detail["op"] == "model.layers.0.self_attn.sdpa"
+    with pytest.raises(ExportError, match=r"query heads on mesh axis 'tp'.*'layers\.0\.attn\.k"):
+        derive_export(tiny_plan("tp=4", ["megatron_tp"]))
+
+
+#: a tiny GPT-2 (Conv1D projections, fused c_attn, lm_head tied to the token embedding)
+HF_GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 128,
+           "n_positions": 64, "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
+#: megatron_tp with the attention kept replicated (its fused c_attn cannot be split)
+GPT2_ATTN_REPLICATED = ["transformer.h.*.attn.c_attn.*=tp:R",
+                        "transformer.h.*.attn.c_proj.weight=tp:R"]  # fmt: skip
+
+
+def gpt2_plan(templates: list[str], annotations: list[str]) -> Plan:
+    pytest.importorskip("transformers")
+    from shardlab.importers.hf_config import graph_from_hf_config
+
+    graph = graph_from_hf_config(HF_GPT2, batch=4, seq=16)
+    return build_plan(graph, Strategy.build("tp=2", templates, annotations), passes=False)
+
+
+def test_gpt2_conv1d_styles_and_the_tied_lm_head() -> None:
+    plan = gpt2_plan(["megatron_tp"], GPT2_ATTN_REPLICATED)
+    export = derive_export(plan)
+    fc = next(p for p in export.params if p.name == "transformer.h.0.mlp.c_fc.weight")
+    assert (fc.kind, fc.transposed, fc.torch_placement("tp")) == ("conv1d", False, Shard(1))
+    got = styles(plan)
+    assert got["transformer.h.1.mlp.c_fc"] == "Conv1DColwiseParallel()"  # weight [in, out]
+    assert got["transformer.h.1.mlp.c_proj"] == "Conv1DRowwiseParallel()"
+    assert got["transformer.wte"] == "RowwiseParallel(input_layouts=Replicate())"
+    # the tied lm_head reads the vocab-sharded table as nn.Linear's [vocab, hidden]
+    assert got["lm_head"] == "ColwiseParallel(output_layouts=Replicate())"
+    assert export.tied == {"lm_head.weight": "transformer.wte.weight"}
+    assert "transformer.h.0.attn.c_attn" not in got
+    text = render_dtensor(plan)
+    ast.parse(text)
+    assert "class Conv1DColwiseParallel(ColwiseParallel):" in text
+    assert '    "lm_head.weight": "transformer.wte.weight",' in text
+    assert "model.get_submodule(owner).register_parameter(attr, model.get_parameter(source))" \
+        in text  # fmt: skip
+    assert "Conv1D" not in render_dtensor(tiny_plan("tp=2", ["megatron_tp"]))
+
+
+def test_gpt2_fused_c_attn_split_by_columns_is_refused() -> None:
+    with pytest.raises(
+        ExportError,
+        match=r"'transformer\.h\.0\.attn\.c_attn\.weight' is "
+        r"placed S\(1\) on mesh axis 'tp': .*fused projection .*split",
+    ) as caught:
+        derive_export(gpt2_plan(["megatron_tp"], []))
+    assert caught.value.detail["op"] == "transformer.h.0.attn.split"
+    # c_attn replicated, the heads split after it (a local slice): refused, naming c_attn
+    mlp_only = ["transformer.h.*.mlp.c_fc.weight=tp:S(1)", "transformer.h.*.mlp.c_fc.bias=tp:S(0)",
+                "transformer.h.*.mlp.c_proj.weight=tp:S(0)"]  # fmt: skip
+    with pytest.raises(ExportError, match=r"keeps 'transformer\.h\.\d\.attn\.c_attn\.weight'.*"
+                       r"shard the projection's columns"):  # fmt: skip
+        derive_export(gpt2_plan([], mlp_only))
+
+
 def _torch_layout_graph(conv1d: bool = False) -> Graph:
     """A linear written as torch's (w [out, in], matmul with transpose_b), as importers do;
     `conv1d`: Hugging Face's Conv1D instead (w [in, out] read by `linear`), imported."""
@@ -168,6 +275,8 @@ def test_generated_modules_are_ruff_clean(tmp_path: Path) -> None:
         "fsdp_full": tiny_plan("dp=2", ["fsdp"], recompute="full"),
         "hsdp_tp": tiny_plan("r=2,dp=2,tp=2", ["dp:r", "fsdp:dp", "megatron_tp"]),
         "pp": tiny_plan("pp=2,tp=2", ["megatron_tp"], pipeline={"schedule": "1f1b"}),
+        "hf_sp": hf_plan("tp=2", ["megatron_tp", "sequence_parallel"]),
+        "gpt2": gpt2_plan(["megatron_tp"], GPT2_ATTN_REPLICATED),
         "ranks": build_plan(
             build_model("llama3-8b", TINY),
             Strategy.build(Mesh((2, 2), ("dp", "tp"), (0, 2, 1, 3)), ["dp", "megatron_tp"]),
