@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardlab.ir import Graph, Op, OpRole, TensorType, Value, ValueKind
+from shardlab.models.builder import output_value_names
 from shardlab.ops import get_op, infer_types
 
 CONSTANT_SCOPE = "constants"
@@ -85,11 +86,7 @@ class GraphEmitter:
         attrs = dict(attrs or {})
         out_types = infer_types(kind, [self.type_of(v) for v in inputs], attrs)
         op_name = self.fresh(scope, local)
-        if len(out_types) == 1 and output_names is None:
-            outs = [op_name]
-        else:
-            suffixes = output_names or [str(i) for i in range(len(out_types))]
-            outs = [f"{op_name}.{s}" for s in suffixes]
+        outs = output_value_names(op_name, len(out_types), output_names)
         for out, ttype in zip(outs, out_types, strict=True):
             self.values[out] = Value(out, ttype, ValueKind.ACTIVATION)
         op = Op(op_name, kind, tuple(inputs), tuple(outs), attrs, scope, role)

@@ -15,6 +15,14 @@ from shardlab.ir import Graph, Op, OpRole, TensorType, Value, ValueKind
 from shardlab.ops import infer_types
 
 
+def output_value_names(op_name: str, count: int, names: Sequence[str] | None = None) -> list[str]:
+    """The names of an op's outputs: `<op>` for one unnamed output, else `<op>.<names[i]>`
+    (or `<op>.<i>`)."""
+    if count == 1 and names is None:
+        return [op_name]
+    return [f"{op_name}.{s}" for s in (names or [str(i) for i in range(count)])]
+
+
 class GraphBuilder:
     """Accumulates values and ops under a stack of module scopes."""
 
@@ -80,11 +88,7 @@ class GraphBuilder:
         op_name = self._qualify(name)
         attrs = dict(attrs or {})
         out_types = infer_types(kind, [self.type_of(v) for v in inputs], attrs)
-        if len(out_types) == 1 and output_names is None:
-            outs = [op_name]
-        else:
-            suffixes = output_names or [str(i) for i in range(len(out_types))]
-            outs = [f"{op_name}.{s}" for s in suffixes]
+        outs = output_value_names(op_name, len(out_types), output_names)
         for out, ttype in zip(outs, out_types, strict=True):
             self._add_value(out, ttype, output_kind)
         self._ops.append(Op(op_name, kind, tuple(inputs), tuple(outs), attrs, self.path, role))
