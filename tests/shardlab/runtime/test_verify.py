@@ -306,8 +306,11 @@ def test_cli_verify_names_bad_pipeline_settings(mesh: str, flags: list[str], mes
     assert result.exit_code == 1 and message in result.output, result.output
 
 
-def test_a_pipeline_verifies_only_a_preset() -> None:
+def test_a_pipeline_verifies_only_a_model_it_can_rebuild() -> None:
     graph = build_model("llama3-8b", LLAMA)
     graph.meta.pop("preset")
-    with pytest.raises(PresetError, match="a pipeline \\(mesh axis 'pp'\\) needs a preset"):
+    with pytest.raises(PresetError) as err:
         verify(graph, Strategy.build("pp=2,dp=2", ["dp"]))
+    assert "a pipeline (mesh axis 'pp') cuts the batch into micro-batches" in err.value.message
+    assert "a preset or a model imported from a Hugging Face config" in err.value.message
+    assert err.value.detail == {"model": graph.name}
