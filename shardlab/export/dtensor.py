@@ -49,7 +49,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from shardlab.export.dtensor_checks import check_kv_heads, refuse_split_columns
+from shardlab.export.dtensor_checks import (
+    check_kv_heads,
+    refuse_plain_into_sharded,
+    refuse_split_columns,
+)
 from shardlab.export.parameters import (
     CONV1D,
     EMBEDDING,
@@ -321,6 +325,8 @@ def derive_export(plan: Plan) -> DTensorExport:
             style = _module_style(plan, out.tp_axis, module, group)
             if style is not None:
                 out.tp_plan[module] = style
+            else:
+                refuse_plain_into_sharded(plan, out.tp_axis, module, group)
         _tied_styles(plan, out.tp_axis, params, out)
     if out.fsdp_axis is not None:
         for p in params:

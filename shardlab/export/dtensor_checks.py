@@ -11,6 +11,10 @@ raises an `ExportError` naming the parameter, the mesh axis and the op:
 - `refuse_split_columns`: a column-sharded fused projection whose output the model splits into
   parts by their global sizes (GPT-2's `c_attn`: q, k, v). A rank's contiguous block of
   columns holds whole columns of some parts and none of others.
+- `refuse_plain_into_sharded`: a module left without a style hands on a plain tensor; where
+  the plan combines it with a value sharded on the axis (a replicated attention's output or a
+  position table added to the sequence-sharded residual stream), torch refuses to mix a
+  plain tensor with a DTensor at run time, so the export refuses it first.
 """
 
 from __future__ import annotations
@@ -111,3 +115,55 @@ def check_kv_heads(plan: Plan, axis: str, params: dict[str, ParamLayout]) -> Non
                     axis=axis,
                     op=op.name,
                 )
+
+
+#: forward ops that combine activations elementwise (where a plain tensor meets a DTensor)
+_COMBINING = frozenset({"add", "sub", "mul", "div"})
+#: forward ops that pass one value on unchanged in layout (followed from a module's output)
+_PASS_THROUGH = frozenset({"reshape", "slice", "broadcast_to", "cast", "dropout", "transpose"})
+
+
+def refuse_plain_into_sharded(
+    plan: Plan, axis: str, module: str, params: list[ParamLayout]
+) -> None:
+    """Refuse a module without a tensor-parallel style whose output (a plain tensor in torch)
+    the plan combines with a value sharded on `axis` (a DTensor or a local shard there)."""
+    graph = plan.completed.graph
+    names = {p.name for p in params}
+
+    def inside(op: Op) -> bool:
+        return op.scope == module or op.scope.startswith(module + ".")
+
+    todo = [o for p in params for op in graph.consumers(p.name)
+            if op.role == OpRole.FORWARD and inside(op) for o in op.outputs[:1]]  # fmt: skip
+    seen: set[str] = set()
+    while todo:
+        value = todo.pop()
+        if value in seen or not isinstance(placement_on(plan, value, axis), Replicate):
+            continue
+        seen.add(value)
+        for op in graph.consumers(value):
+            if op.role != OpRole.FORWARD:
+                continue
+            if op.kind not in _COMBINING:  # a styled module converts what it reads itself
+                if op.kind in _PASS_THROUGH or inside(op):
+                    todo.extend(op.outputs[:1])
+                continue
+            others = [
+                v for v in op.inputs if v != value and graph.value(v).kind == ValueKind.ACTIVATION
+            ]
+            sharded = [v for v in others if isinstance(placement_on(plan, v, axis), Shard)]
+            if sharded and not inside(op):
+                raise ExportError(
+                    f"module {module!r} keeps its parameters replicated on mesh axis {axis!r} "
+                    f"and takes no DTensor style, so its output is a plain tensor, but op "
+                    f"{op.name!r} combines it ({value!r}) with {sharded[0]!r}, which the plan "
+                    f"shards ({placement_on(plan, sharded[0], axis)}) on {axis!r}: torch does "
+                    "not mix a plain tensor with a DTensor; shard the module as the template "
+                    "does or drop sequence parallelism",
+                    value=sorted(names)[0],
+                    axis=axis,
+                    op=op.name,
+                )
+            if op.kind in _PASS_THROUGH or inside(op):
+                todo.extend(op.outputs[:1])

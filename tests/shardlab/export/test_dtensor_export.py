@@ -296,3 +296,19 @@ def test_generated_modules_are_ruff_clean(tmp_path: Path) -> None:
            "--line-length", "100", *paths]  # fmt: skip
     formatted = subprocess.run(fmt, capture_output=True, text=True, check=False)
     assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+
+
+def test_a_plain_module_output_into_the_sequence_sharded_stream_is_refused() -> None:
+    """GPT-2 with sequence parallelism and its attention kept replicated: the position table
+    (transformer.wpe, no style, a plain tensor in torch) and the attention's c_proj are added
+    to the sequence-sharded residual stream (a DTensor), which torch refuses at run time; the
+    export refuses it first, naming the first such module."""
+    plan = gpt2_plan(["megatron_tp", "sequence_parallel"], GPT2_ATTN_REPLICATED)
+    with pytest.raises(ExportError, match=r"takes no DTensor style, so its output is a plain "
+                       r"tensor, but op .* combines it") as caught:  # fmt: skip
+        derive_export(plan)
+    assert caught.value.detail["axis"] == "tp"
+    assert caught.value.detail["value"] == "transformer.wpe.weight"
+    assert "transformer.wpe" in caught.value.message
+    # the same plan without sequence parallelism keeps the stream replicated: exported
+    assert derive_export(gpt2_plan(["megatron_tp"], GPT2_ATTN_REPLICATED)).tp_plan
