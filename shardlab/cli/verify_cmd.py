@@ -107,6 +107,8 @@ def verify_cmd(
                    + how_distributed(report.summary, default_schedule))  # fmt: skip
         if "twin" in report.summary:
             typer.echo(twin_line(report.summary["twin"]))
+        if "torch_ops" in report.summary:
+            typer.echo(torch_ops_line(report.summary["torch_ops"]))
         if worst is not None:
             typer.echo(
                 f"largest error: {worst.name} ({worst.kind}) abs {worst.max_abs:.3g} "
@@ -116,6 +118,16 @@ def verify_cmd(
             typer.echo(f"first diverging op: {report.first_divergence}")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def torch_ops_line(counts: dict[str, Any]) -> str:
+    """How many local ops the torch backend ran as torch ops, and which fell back to numpy."""
+    total = counts["torch"] + counts["numpy"]
+    fallback = ", ".join(counts["numpy_kinds"]) or "none"
+    return (
+        f"local compute: {counts['torch']} of {total} ops ran as torch ops over all ranks; "
+        f"numpy kernels: {fallback}"
+    )
 
 
 def twin_line(twin: dict[str, Any]) -> str:

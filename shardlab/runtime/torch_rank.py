@@ -4,8 +4,13 @@ What it is for: every process of the torch backend (`runtime.torchdist`,
 `runtime.torch_pipeline`) runs one mesh rank's ops in program order; this module is that
 run, with the process group already joined (`runtime.torch_launch`).
 
-- compute ops run their rule's numpy kernel (`runtime.kernels`) on the rank's blocks; a
-  kernel's mid-op `CollectiveRequest` is a blocking `all_reduce` over the group of its axes;
+- compute ops whose rule asks for the `default` kernel (the op's own implementation on the
+  local blocks), `reshape_local` or `shape_attr_local` (the same with a local `shape`) run
+  as torch ops when their kind has one (`runtime.torch_ops.TORCH_IMPLS`: the blocks
+  wrapped by `torch.from_numpy`, the outputs kept as numpy views of the tensors); the
+  others run their rule's numpy kernel (`runtime.kernels`), and a kernel's mid-op
+  `CollectiveRequest` is a blocking `all_reduce` over the group of its axes. Each run
+  counts its compute ops by where they ran (`OpCounts`);
 - comm steps on a mesh axis run over the rank's torch group along that axis
   (`runtime.torch_comm`);
 - an async op (`hazards.is_async`: any op on a `comm:*` stream) is issued with
@@ -31,6 +36,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -66,15 +72,47 @@ class PointToPoint(Protocol):
         """The block recv op `op` receives (blocks until it has arrived)."""
 
 
+#: A kind's torch implementation on numpy blocks (`runtime.torch_ops.run_torch`).
+TorchRunner = Callable[[Sequence[Array], Mapping[str, Any]], list[Array]]
+
+
+def _torch_impls() -> dict[str, TorchRunner]:
+    """Every kind that runs as a torch op, as a function of numpy blocks (imports torch)."""
+    from shardlab.runtime import torch_ops
+
+    return {kind: partial(torch_ops.run_torch, kind) for kind in torch_ops.TORCH_IMPLS}
+
+
 def process_ranks(ranks: Sequence[int]) -> list[int]:
     """Mesh rank run by each process index (process i runs the i-th smallest rank)."""
     return sorted(ranks)
 
 
+@dataclass(slots=True)
+class OpCounts:
+    """A rank's compute ops by where they ran: `torch` ops, and per op label (the kind, or
+    `kind/kernel` for a rule's own kernel) the ops that ran the numpy kernel."""
+
+    torch: int = 0
+    numpy: dict[str, int] = field(default_factory=dict)
+
+    def add_numpy(self, op: DistOp) -> None:
+        label = op.kind if op.kernel == "default" else f"{op.kind}/{op.kernel}"
+        self.numpy[label] = self.numpy.get(label, 0) + 1
+
+
 def run_rank(program: DistProgram, me: int, sources: RankBlocks) -> RankBlocks:
     """Run mesh rank `me`'s program in this process (the process group is joined): every
     value's block on this rank."""
-    return RankRun(program, me, dict(sources), _flat_groups(program, me)).run()
+    return run_rank_counted(program, me, sources)[0]
+
+
+def run_rank_counted(
+    program: DistProgram, me: int, sources: RankBlocks
+) -> tuple[RankBlocks, OpCounts]:
+    """`run_rank`, and where its compute ops ran."""
+    run = RankRun(program, me, dict(sources), _flat_groups(program, me))
+    return run.run(), run.counts
 
 
 def _flat_groups(program: DistProgram, me: int) -> dict[tuple[str, ...], Group]:
@@ -87,11 +125,11 @@ def flat_job(
     proc: int, common: tuple[DistProgram, tuple[int, int] | None], mine: RankBlocks
 ) -> Any:
     """A launched process's job (`torch_launch.Job`) for one rank of a flat program: its
-    blocks, or its `RankTiming` when `common` holds (steps, warmup)."""
+    blocks and `OpCounts`, or its `RankTiming` when `common` holds (steps, warmup)."""
     program, timing = common
     me = process_ranks(program.mesh.ranks)[proc]
     if timing is None:
-        return run_rank(program, me, mine)
+        return run_rank_counted(program, me, mine)
     return time_rank(program, me, mine, *timing)
 
 
@@ -194,6 +232,8 @@ class RankRun:
         self.t0 = time.perf_counter_ns()
         self.spans: dict[int, tuple[int, int]] = {}
         self.issued: dict[int, int] = {}
+        self.counts = OpCounts()
+        self.torch_impls = _torch_impls()
 
     def run(self) -> RankBlocks:
         ops = self.program.ops
@@ -276,7 +316,8 @@ class RankRun:
         return block
 
     def compute(self, op: DistOp) -> list[Array]:
-        """The op's rule kernel on this rank's blocks; mid-op collectives go to torch."""
+        """The op as a torch op where it can run as one (`torch_form`), else its rule's
+        numpy kernel on this rank's blocks, whose mid-op collectives go to torch."""
         p = self.program
         ctx = LocalContext(
             p.mesh,
@@ -287,6 +328,11 @@ class RankRun:
             tuple(p.specs[v] for v in op.outputs),
         )
         xs = [self.read(op, v) for v in op.inputs]
+        form = self.torch_form(op, ctx)
+        if form is not None:
+            self.counts.torch += 1
+            return self.torch_impls[form[0]](xs, form[1])
+        self.counts.add_numpy(op)
         out = KERNELS[op.kernel](op.kind, xs, dict(op.attrs), ctx)
         if isinstance(out, list):
             return out
@@ -297,6 +343,21 @@ class RankRun:
             except StopIteration as stop:
                 return list(stop.value)
             reply = self.reduce_request(request)
+
+    def torch_form(self, op: DistOp, ctx: LocalContext) -> tuple[str, Mapping[str, Any]] | None:
+        """(torch kind, attrs) that compute `op` on this rank's blocks, or None: the kind's
+        own torch op for the `default` kernel; a reshape to the local shape for
+        `reshape_local`, the kind's with its `shape` attr made local for `shape_attr_local`
+        (`runtime.kernels`). Other kernels need the numpy kernel's knowledge of the rank."""
+        if op.kernel == "reshape_local":
+            return "reshape", {"shape": list(ctx.output_shape(0))}
+        if op.kind not in self.torch_impls:
+            return None
+        if op.kernel == "default":
+            return op.kind, op.attrs
+        if op.kernel == "shape_attr_local":
+            return op.kind, {**op.attrs, "shape": list(ctx.output_shape(0))}
+        return None
 
     def reduce_request(self, req: CollectiveRequest) -> Array:
         """A kernel's request reduced over its axes (a blocking all_reduce)."""

@@ -8,7 +8,9 @@ collective is a real `torch.distributed` call between processes, so `shardlab ve
 
 `run_torchdist` has the contract of `run_simulated`: the same sources, split by the same
 seed (`runtime.distribute`), give every value's block on every rank (`Blocks`), so
-`global_view` and verification work unchanged. The backend is split by concern:
+`global_view` and verification work unchanged; its `TorchBlocks` also say where each
+rank's local ops ran (`summary["torch_ops"]`: as torch ops, `runtime.torch_ops`, or as the
+numpy kernels). The backend is split by concern:
 
 - `runtime.torch_launch`: starting one process per rank (forkserver, a gloo group over a
   FileStore), or joining a torchrun job, and bringing every rank's result back;
@@ -35,6 +37,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +47,7 @@ from shardlab.program import DistProgram
 from shardlab.runtime.distribute import distribute
 from shardlab.runtime.torch_launch import BACKEND, run_job, spawn, torch_modules, under_torchrun
 from shardlab.runtime.torch_rank import (
+    OpCounts,
     RankBlocks,
     RankTiming,
     flat_job,
@@ -57,6 +61,7 @@ __all__ = [
     "Blocks",
     "RankBlocks",
     "RankTiming",
+    "TorchBlocks",
     "main",
     "run_rank",
     "run_torchdist",
@@ -89,11 +94,39 @@ def run_torchdist(
     per_rank = split_sources(program, sources, seed, compute_dtype)
     ranks = process_ranks(program.mesh.ranks)
     got = run_job(flat_job, (program, None), [per_rank[r] for r in ranks], timeout_s, ranks)
-    blocks: Blocks = {}
-    for r, theirs in zip(ranks, got, strict=True):
+    blocks = TorchBlocks()
+    for r, (theirs, _) in zip(ranks, got, strict=True):
         for name, block in theirs.items():
             blocks.setdefault(name, {})[r] = block
+    blocks.summary["torch_ops"] = torch_ops_summary(
+        {r: counts for r, (_, counts) in zip(ranks, got, strict=True)}
+    )
     return blocks
+
+
+class TorchBlocks(Blocks):
+    """`Blocks` of a torch run, with what the run reports for the verify summary
+    (`summary["torch_ops"]`: `torch_ops_summary`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.summary: dict[str, Any] = {}
+
+
+def torch_ops_summary(counts: Mapping[int, OpCounts]) -> dict[str, Any]:
+    """Local compute ops over all ranks by where they ran: `torch` ops, `numpy` kernels and
+    their `numpy_kinds` (`OpCounts` labels, sorted), and per rank (`per_rank`)."""
+    kinds = sorted({label for c in counts.values() for label in c.numpy})
+    per_rank = [
+        {"rank": r, "torch": c.torch, "numpy": sum(c.numpy.values())}
+        for r, c in sorted(counts.items())
+    ]
+    return {
+        "torch": sum(row["torch"] for row in per_rank),
+        "numpy": sum(row["numpy"] for row in per_rank),
+        "numpy_kinds": kinds,
+        "per_rank": per_rank,
+    }
 
 
 def split_sources(

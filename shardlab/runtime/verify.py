@@ -226,6 +226,7 @@ def verify(
         "program_ops": len(program.ops),
         "collectives": program.summary()["collectives"],
         "compared": len(checks),
+        **getattr(blocks, "summary", {}),  # the torch backend's own (torchdist.TorchBlocks)
     }
     return VerifyReport(ok, compute_dtype, checks, first, summary)
 

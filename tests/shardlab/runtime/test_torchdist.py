@@ -6,9 +6,12 @@ later runs take a few seconds each.
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from typer.testing import CliRunner
@@ -19,10 +22,13 @@ from shardlab.models import build_model
 from shardlab.placement import Partial
 from shardlab.plan import build_plan, save_plan
 from shardlab.runtime import torchdist
+from shardlab.runtime.hazards import P2P_KINDS, SYNC_KINDS
+from shardlab.runtime.torch_launch import SETUP_ENV
 from shardlab.runtime.verify import verify
 from shardlab.strategy import Strategy
 
 pytest.importorskip("torch.distributed")
+SYNC = SYNC_KINDS | P2P_KINDS
 
 LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 64,
          "seq": 8, "batch": 8, "dtype": "float32"}  # fmt: skip
@@ -50,6 +56,42 @@ def test_small_llama_step_on_torch_ranks(mesh: str, templates: list[str], option
         reduces = [op for op in plan.program.ops if op.kind == "all_reduce"]
         assert len(reduces) > 1 and all(op.stream == "comm:dp" for op in reduces)
         assert any(op.kind == "wait" for op in plan.program.ops)
+
+
+def _faults() -> ModuleType:
+    """`torch_faults.py` beside this file (tests are not a package)."""
+    path = Path(__file__).with_name("torch_faults.py")
+    spec = importlib.util.spec_from_file_location("torch_faults", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_local_compute_runs_as_torch_ops() -> None:
+    plan = build_plan(build_model("llama3-8b", LLAMA), Strategy.build("tp=2", ["megatron_tp"]),
+                      optimizer="adamw")  # fmt: skip
+    report = verify(plan, backend="torch")
+    assert report.ok, report.failed()[:3]
+    counts = report.summary["torch_ops"]
+    compute = [op for op in plan.program.ops if op.comm is None and op.kind not in SYNC]
+    assert counts["torch"] + counts["numpy"] == 2 * len(compute)  # every rank's compute ops
+    assert counts["torch"] > 0.8 * (counts["torch"] + counts["numpy"])
+    assert [row["rank"] for row in counts["per_rank"]] == [0, 1]
+    # the vocab-parallel embedding and loss keep their rule's numpy kernels
+    assert "embedding/embedding_vocab_parallel" in counts["numpy_kinds"]
+    assert not {"linear", "matmul", "rms_norm", "adamw"} & set(counts["numpy_kinds"])
+
+
+def test_a_broken_torch_op_fails_verification_at_that_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = build_model("llama3-8b", LLAMA)
+    strategy = Strategy.build("tp=2", ["megatron_tp"])
+    monkeypatch.setenv(SETUP_ENV, _faults().SETUP_TORCH)
+    report = verify(graph, strategy, backend="torch")
+    assert not report.ok
+    first = next(op for op in build_plan(graph, strategy).training.ops if op.kind == "linear")
+    assert report.first_divergence == first.name
+    assert verify(graph, strategy).ok  # the simulated backend never runs the torch op
 
 
 def test_a_wrong_collective_fails_verification() -> None:
@@ -85,6 +127,8 @@ def test_cli_and_module_entry_point(tmp_path: Path, capsys: pytest.CaptureFixtur
     args = ["verify", "mlp_demo", "--mesh", "x=2", "--template", "dp", "--backend", "torch"]
     result = CliRunner().invoke(app, [*args, "--nproc", "2"])
     assert result.exit_code == 0 and result.output.startswith("PASS"), result.output
+    ran = re.search(r"local compute: (\d+) of (\d+) ops ran as torch ops", result.output)
+    assert ran is not None and 0 < int(ran[1]) <= int(ran[2]), result.output
     plan = build_plan(build_model("mlp_demo"), Strategy.build("x=2", [], ["w0=S(1)", "w1=S(0)"]),
                       optimizer="adamw")  # fmt: skip
     assert torchdist.main([str(save_plan(plan, tmp_path / "plan.json"))]) == 0

@@ -5,6 +5,9 @@ afresh, so a test's `monkeypatch` of `runtime.kernels.KERNELS` does not reach th
 names `install` in `SHARDLAB_TORCH_RANK_SETUP` (`runtime.torch_launch`), as
 `<this file's path>:install`, and every spawned rank patches its own kernels; the same
 broken kernel (`linear_two_percent_off`) patches the test's process for the simulated side.
+A rank runs `linear` as a torch op (`runtime.torch_ops`), so `install` breaks both its numpy
+kernel and its torch implementation; `install_torch` (`SETUP_TORCH`) breaks only the torch
+implementation, which only the torch backend runs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from shardlab.runtime import kernels
 
 #: `SHARDLAB_TORCH_RANK_SETUP`'s value that installs the fault in every rank.
 SETUP = f"{Path(__file__).resolve()}:install"
+#: `SHARDLAB_TORCH_RANK_SETUP`'s value that breaks only the ranks' torch `linear`.
+SETUP_TORCH = f"{Path(__file__).resolve()}:install_torch"
 #: The op kind whose outputs come out wrong.
 BROKEN_KIND = "linear"
 
@@ -33,5 +38,14 @@ def linear_two_percent_off(right: Any) -> Any:
 
 
 def install() -> None:
-    """Break this process's default kernel (called in every spawned rank)."""
+    """Break this process's default kernel and torch `linear` (called in every spawned rank)."""
     kernels.KERNELS["default"] = linear_two_percent_off(kernels.KERNELS["default"])
+    install_torch()
+
+
+def install_torch() -> None:
+    """Make this process's torch `linear` 2% too large (called in every spawned rank)."""
+    from shardlab.runtime import torch_ops  # imports torch: only in the ranks
+
+    right = torch_ops.TORCH_IMPLS[BROKEN_KIND]
+    torch_ops.TORCH_IMPLS[BROKEN_KIND] = lambda xs, attrs: [y * 1.02 for y in right(xs, attrs)]
