@@ -143,8 +143,8 @@ def _gelu_deriv(x: Array, approximate: str) -> Array:
         c = math.sqrt(2.0 / math.pi)
         t = np.tanh(c * (x + 0.044715 * x**3))
         return np.asarray(0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
-    cdf = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
-    return np.asarray(cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
+    cdf = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))  # erf is evaluated in float64
+    return np.asarray(cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)).astype(x.dtype)
 
 
 _ACT: dict[str, Callable[[Array, Attrs], Array]] = {
