@@ -126,7 +126,9 @@ def run() -> Section:
                 f"matmul, {c.hbm_bandwidth * c.memory_efficiency / 1e9:.1f} GB/s memory, "
                 f"{c.launch_overhead * 1e6:.1f} us per op, link {c.intra_node.bandwidth / 1e9:.2f} "
                 f"GB/s + {c.intra_node.latency * 1e6:.0f} us per step, overlap slowdown "
-                f"{c.overlap_slowdown:.2f}"
+                f"{c.overlap_slowdown:.2f}, in-step collectives "
+                + ", ".join(f"{k} x{v:.2f}" for k, v in c.comm_scale.items())
+                + f", op overhead {c.op_overhead * 1e6:.1f} us"
             )
             for case in CASES:
                 results.append(run_case(case, n, path))
@@ -142,9 +144,11 @@ def run() -> Section:
         f"({worst.case.label}, {worst.ranks} ranks); {sum(e > 0.25 for e in errors)} of "
         f"{len(errors)} beyond 25%.** Goal: median within 10%, none beyond 25%.",
         "",
-        "Profiles (`shardlab calibrate --quick --nproc N`, one per rank count): "
-        + "; ".join(profiles)
-        + ".",
+        "Profiles (`shardlab calibrate --quick --nproc N`, one per rank count; in-step "
+        "collectives: `comm_scale`, each kind's time inside one-layer reference steps over "
+        "its isolated ring time; op overhead: `op_overhead`, the reference steps' measured "
+        "time beyond the model's per op; overlap slowdown: a collective and compute at "
+        "once against each alone, 20 = they take turns): " + "; ".join(profiles) + ".",
         "",
         f"Models: `gpt2` with {GPT2} and `llama3-8b` with {LLAMA}; optimizer AdamW; "
         f"{STEPS} steps measured after {WARMUP} warm-up, median step of the slowest rank. "

@@ -53,7 +53,9 @@ _REQUIRED = (
     "matmul_efficiency",
     "memory_efficiency",
 )
-_OPTIONAL = ("description", "source", "kernel_scale")
+_OPTIONAL = ("description", "source", "kernel_scale", "comm_scale", "op_overhead")
+#: collective kinds `comm_scale` may name (`shardlab.cost.comm` prices them)
+COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,15 @@ class Cluster:
     #: per op kind, a factor on its roofline time (a calibrated device's kernels that run
     #: slower or faster than the roofline says); kinds not named keep 1
     kernel_scale: dict[str, float] = field(default_factory=dict, hash=False)
+    #: per collective kind (`COMM_KINDS`), a factor on its ring time: what a calibrated
+    #: backend's collectives cost inside a training step against the same ones timed alone
+    #: (ranks arriving apart, the collective's threads sharing the cores); kinds not named
+    #: keep 1
+    comm_scale: dict[str, float] = field(default_factory=dict, hash=False)
+    #: seconds a calibrated backend spends running each op of a program beside its kernel
+    #: or collective (its interpreter's bookkeeping): added to every compute op, views
+    #: included, and every communication step; 0 for the GPU presets
+    op_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -123,6 +134,8 @@ class Cluster:
             "matmul_efficiency": check.fraction("matmul_efficiency", self.matmul_efficiency),
             "memory_efficiency": check.fraction("memory_efficiency", self.memory_efficiency),
             "kernel_scale": check.scales(self.kernel_scale),
+            "comm_scale": check.comm_scales(self.comm_scale),
+            "op_overhead": check.number("op_overhead", self.op_overhead, zero=True),
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -161,6 +174,8 @@ class Cluster:
             "matmul_efficiency": self.matmul_efficiency,
             "memory_efficiency": self.memory_efficiency,
             **({"kernel_scale": dict(self.kernel_scale)} if self.kernel_scale else {}),
+            **({"comm_scale": dict(self.comm_scale)} if self.comm_scale else {}),
+            **({"op_overhead": self.op_overhead} if self.op_overhead else {}),
         }
 
     @classmethod
@@ -260,6 +275,19 @@ class _Checker:
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
             raise self.error("kernel_scale", "must be an object of op kind -> factor", value)
         return {k: self.number(f"kernel_scale.{k}", v) for k, v in value.items()}
+
+    def comm_scales(self, value: object) -> dict[str, float]:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise self.error("comm_scale", "must be an object of collective kind -> factor", value)
+        for kind in value:
+            if kind not in COMM_KINDS:
+                raise ClusterError(
+                    f"cluster {self.cluster!r}: field 'comm_scale' has unknown collective kind "
+                    f"{kind!r}; known kinds: {', '.join(COMM_KINDS)}",
+                    cluster=str(self.cluster),
+                    field=f"comm_scale.{kind}",
+                )
+        return {k: self.number(f"comm_scale.{k}", v) for k, v in value.items()}
 
     def flops(self, value: object) -> dict[str, float]:
         if not isinstance(value, Mapping) or not value:

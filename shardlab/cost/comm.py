@@ -25,6 +25,11 @@ Where the group's ranks sit (rank r is device r, on node `cluster.node_of(r)`) p
   the k inter-node rings run in parallel, one per local index, since bandwidth is per device;
 - all_to_all and send/recv across nodes, and groups with unequal ranks per node: flat ring on
   `inter_node`, the slowest hop.
+
+A calibrated cluster (`shardlab calibrate`) may carry two more figures, both absent (no
+change) on the GPU presets: `comm_scale[kind]` multiplies `collective_time` of that kind (a
+collective inside a training step against the same one timed alone), and `op_overhead` is
+added to every reshard step (`step_time`, local steps included: the rank runs them as ops).
 """
 
 from __future__ import annotations
@@ -111,7 +116,13 @@ def link_for(group: Sequence[int], cluster: Cluster) -> Link:
 
 
 def collective_time(kind: str, size: float, group: Sequence[int], cluster: Cluster) -> float:
-    """Seconds for `kind` of message size `size` on the ranks `group` (module docstring)."""
+    """Seconds for `kind` of message size `size` on the ranks `group` (module docstring),
+    times the cluster's `comm_scale` of `kind` when it names it."""
+    scale = cluster.comm_scale.get(kind, 1.0) if cluster.comm_scale else 1.0
+    return _collective_time(kind, size, group, cluster) * scale
+
+
+def _collective_time(kind: str, size: float, group: Sequence[int], cluster: Cluster) -> float:
     n = len(group)
     per_node = ranks_per_node(group, cluster)
     if len(per_node) <= 1:
@@ -138,12 +149,13 @@ def step_time(step: CommStep, group: Sequence[int], cluster: Cluster) -> float:
     """Seconds for one reshard step (a `DistOp.comm`) on the ranks `group`.
 
     `step.bytes_per_rank` is the flat-ring traffic factor(kind, n) * S (see `shardlab.reshard`),
-    so S = bytes_per_rank / factor; local steps and groups of one rank cost 0.
+    so S = bytes_per_rank / factor; local steps and groups of one rank cost 0, plus the
+    cluster's `op_overhead` (0 on the presets) like every step.
     """
     f = factor(step.kind, len(group))
     if f == 0.0:
-        return 0.0
-    return collective_time(step.kind, step.bytes_per_rank / f, group, cluster)
+        return cluster.op_overhead
+    return collective_time(step.kind, step.bytes_per_rank / f, group, cluster) + cluster.op_overhead
 
 
 def comm_op_group(mesh: Mesh, rank: int, axis: str | int) -> tuple[int, ...]:

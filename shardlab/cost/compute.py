@@ -22,7 +22,9 @@ The model, per op on one device (`roofline_time`):
 - an op that neither computes nor moves bytes (a reshape: a view) takes no time at all.
 
 A calibrated cluster's `kernel_scale` multiplies `max(...)` of the kinds it names (a CPU's
-numpy kernels run some kinds far from the roofline: einsum attention, many-pass optimizers).
+numpy kernels run some kinds far from the roofline: einsum attention, many-pass optimizers),
+and its `op_overhead` (seconds a backend spends running any op beside its kernel) is added to
+every compute op of a program, views and waits included (`program_op_times`; 0 on presets).
 A `CalibrationTable` of measured (kind, flops, bytes, seconds) overrides the roofline for the
 kinds it holds (see `CalibrationTable.seconds`). Communication kinds are costed elsewhere.
 """
@@ -227,8 +229,9 @@ def program_op_times(
 ) -> dict[str, float]:
     """Seconds of every compute op of `program` on one rank, by op name; comm ops are skipped.
 
-    Placements divide dims evenly (uneven ones are rejected upstream), so every rank that runs
-    an op holds blocks of the same shape and one rank's times stand for all of them. A local
+    Every rank is costed on the largest block of each value (uneven shards differ by at most
+    one row), so one rank's times stand for all of them, the slowest's; each
+    includes the device's `op_overhead` when it has one (a calibrated cluster's). A local
     kernel (e.g. vocab-parallel cross entropy) is counted by its kind's OpDef on the local
     blocks; an op computes in the dtype of its first floating-point input (`op_dtype`).
     With a `memo` (one per device and table, e.g. one per `build_plan`), an op that is the
@@ -237,6 +240,8 @@ def program_op_times(
     """
     times: dict[str, float] = {}
     specs = program.specs
+    # a calibrated backend's per-op time beside the kernel (`Cluster.op_overhead`)
+    overhead = float(getattr(device, "op_overhead", 0.0))
     for op in program.ops:
         if op.is_comm:
             continue
@@ -248,7 +253,7 @@ def program_op_times(
         ins, outs = local_types(program, op.inputs), local_types(program, op.outputs)
         flops = op_flops(op.kind, ins, outs, op.attrs)
         bytes_ = op_bytes(op.kind, ins, outs, op.attrs)
-        times[op.name] = compute_time(
+        times[op.name] = overhead + compute_time(
             op.kind, flops, bytes_, op_dtype([*ins, *outs]), device, table
         )
         if memo is not None:

@@ -6,11 +6,17 @@ What it is for: the `cpu-local` preset holds rough guesses; a calibrated profile
 
 `calibrate` measures (`runtime.calibrate_measure`: matmuls and elementwise adds against size,
 the four collectives against message and group size, compute under a collective), fits
-(`runtime.calibrate_fit`), then runs two one-layer reference plans (`REFERENCE`) on the
-torch backend: their (next to) no-work ops give `launch_overhead` (the backend's per-op
-time) and every other compute kind's `kernel_scale` is its measured / roofline time; the
-GPT-2 layer run tensor parallel times collectives inside a step, whose latency per ring
-step the link takes (`measure_step_collectives`, never below the isolated fit's).
+(`runtime.calibrate_fit`), then runs one-layer reference plans (`REFERENCE_STEPS` on the
+`REFERENCE` models) on the torch backend and fits what only a training step shows:
+
+- the data-parallel GPT-2 and Llama layers' (next to) no-work ops give `launch_overhead`
+  (the backend's per-op time) and every other compute kind's `kernel_scale` is its
+  measured / roofline time (`kernel_samples`);
+- every reference's collectives (all_reduce in dp and tp, all_gather and reduce_scatter in
+  tp + sequence parallel, ZeRO-2 and FSDP), timed inside the step from issue to wait, give
+  `comm_scale` per kind against the isolated link (`step_collectives`);
+- every reference's measured step against the model's prediction on that cluster gives
+  `op_overhead`, the seconds each op costs the rank beside its kernel (`step_samples`).
 `write` saves the Cluster JSON and, beside it, `<stem>.measurements.json` with every raw
 sample and its fit residual (a Cluster file holds only the fields `Cluster` knows).
 `report_lines` is the table the command prints.
@@ -31,7 +37,7 @@ import platform
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardlab.cost.clusters import Cluster
 from shardlab.cost.comm import comm_op_group, factor
@@ -44,7 +50,7 @@ from shardlab.runtime.calibrate_fit import (
     bus_bandwidth,
     cluster_of,
     fit_all,
-    fit_step_latency,
+    fit_comm_scales,
     median_abs_error,
 )
 from shardlab.runtime.calibrate_measure import (
@@ -52,18 +58,50 @@ from shardlab.runtime.calibrate_measure import (
     KernelSample,
     Measurements,
     Sizes,
+    StepSample,
     measure_all,
 )
 
+if TYPE_CHECKING:
+    from shardlab.plan import Plan
+    from shardlab.runtime.measure import Measurement
+
 DTYPES = ("float32", "float64")
-#: The plans whose kernels give `kernel_scale`: one GPT-2 and one Llama layer (run data
-#: parallel, so every compute kind of a training step is timed on a full-size block).
+#: The reference models: one GPT-2 and one Llama layer (`REFERENCE_STEPS` runs them; data
+#: parallel, every compute kind of a training step is timed on a full-size block).
 REFERENCE = (
     ("gpt2", {"layers": 1, "hidden": 128, "heads": 4, "ffn": 512, "vocab": 256, "seq": 64,
               "batch": 4}),
     ("llama3-8b", {"layers": 1, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 384,
                    "vocab": 256, "seq": 64, "batch": 4}),
 )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RefStep:
+    """One reference step: its label, its model (`REFERENCE` index), the mesh axis all ranks
+    sit on, its templates, and whether its kernels give `kernel_scale`."""
+
+    label: str
+    model: int
+    axis: str
+    templates: tuple[str, ...]
+    kernels: bool = False
+
+
+#: The reference steps: every collective kind the templates issue, inside a training step.
+REFERENCE_STEPS = (
+    RefStep("gpt2 dp", 0, "dp", ("dp",), kernels=True),
+    RefStep("llama dp", 1, "dp", ("dp",), kernels=True),
+    RefStep("gpt2 tp", 0, "tp", ("megatron_tp",)),
+    RefStep("llama tp+sp", 1, "tp", ("megatron_tp", "sequence_parallel")),
+    RefStep("llama zero2", 1, "dp", ("dp", "zero2")),
+    RefStep("llama fsdp", 1, "dp", ("fsdp",)),
+)
+#: steps timed per reference (after one warm-up), quick and full
+REFERENCE_STEPS_TIMED = (12, 20)
+#: op_overhead (s) at which the model's step is first differenced (then at the fitted one)
+PROBE_OVERHEAD_S = 1e-4
 #: roofline seconds under which an op counts as doing no work (its time is the backend's)
 FLOOR_WORK_S = 1e-6
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -89,38 +127,74 @@ def calibrate(
     m = measure_all(nproc, dtype, Sizes.preset(quick))
     fit = fit_all(m)
     base = cluster_of(fit, m, name, describe(m, quick), _memory_per_rank(nproc))
-    m.kernels, m.op_floor_s = measure_kernels(base, nproc, dtype, steps=3 if quick else 5)
-    m.step_comm = measure_step_collectives(base, nproc, dtype, steps=3 if quick else 5)
+    runs = run_references(base, nproc, dtype, REFERENCE_STEPS_TIMED[0 if quick else 1])
+    m.kernels, m.op_floor_s = kernel_samples([r for r in runs if r.ref.kernels], base)
+    m.step_comm = step_collectives(runs)
+    bare = cluster_of(fit, m, name, base.description, base.hbm_bytes)  # op_overhead 0
+    m.steps = step_samples(runs, bare, PROBE_OVERHEAD_S)
     cluster = cluster_of(fit, m, name, base.description, base.hbm_bytes)
-    _, in_step = fit_step_latency(fit.link or cluster.intra_node, m.step_comm)
-    fit = dataclasses.replace(fit, residuals=(*fit.residuals, *in_step))
+    if cluster.op_overhead > 0:  # the step is not linear in it: difference at the fitted value
+        m.steps = step_samples(runs, bare, cluster.op_overhead)
+        cluster = cluster_of(fit, m, name, base.description, base.hbm_bytes)
+    _, in_step = fit_comm_scales(fit.link or cluster.intra_node, m.step_comm)
+    steps = [Residual(f"step: {r.ref.label}", r.measured_s, _predicted(r, cluster)) for r in runs]
+    fit = dataclasses.replace(fit, residuals=(*fit.residuals, *in_step, *steps))
     return Calibration(cluster, m, fit)
 
 
-def measure_kernels(
-    cluster: Cluster, nproc: int, dtype: str, steps: int
-) -> tuple[list[KernelSample], float | None]:
-    """Every compute kind of the reference plans (`REFERENCE`, data parallel on `nproc`
-    ranks) as the torch backend runs it, on the slowest rank, and the backend's per-op floor.
+@dataclass(frozen=True, slots=True)
+class RefRun:
+    """One reference step: its plan (built on the cluster fitted before any step ran) and
+    its measurement."""
+
+    ref: RefStep
+    plan: Plan
+    got: Measurement
+
+    @property
+    def slowest(self) -> int:
+        return max(self.got.ranks, key=self.got.step_time)
+
+    @property
+    def measured_s(self) -> float:
+        """The slowest rank's median step."""
+        return self.got.step_time(self.slowest)
+
+
+def run_references(cluster: Cluster, nproc: int, dtype: str, steps: int) -> list[RefRun]:
+    """Build every `REFERENCE_STEPS` plan on `nproc` ranks against `cluster` and time it on
+    the torch backend (`steps` kept after one warm-up)."""
+    from shardlab.models import build_model
+    from shardlab.plan import build_plan
+    from shardlab.runtime.measure import measure
+    from shardlab.strategy import Strategy
+
+    runs = []
+    for ref in REFERENCE_STEPS:
+        model, overrides = REFERENCE[ref.model]
+        graph = build_model(model, {**overrides, "dtype": dtype})
+        strategy = Strategy.build(f"{ref.axis}={nproc}", list(ref.templates), [], {})
+        plan = build_plan(graph, strategy, cluster=cluster)
+        runs.append(RefRun(ref, plan, measure(plan, steps=steps, warmup=1, dtype=dtype)))
+    return runs
+
+
+def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSample], float | None]:
+    """Every compute kind of `runs` as the torch backend ran it, on the slowest rank, and
+    the backend's per-op floor.
 
     The floor is the median measured seconds of the ops that do (next to) no work: views
     and ops whose roofline is under `FLOOR_WORK_S` - the backend's own per-op time. Each
     kind's sample holds its ops' summed roofline seconds on `cluster` (launch overhead left
     out) and their summed measured seconds less one floor per op."""
-    from shardlab.models import build_model
-    from shardlab.plan import build_plan
-    from shardlab.runtime.measure import is_comm, measure
-    from shardlab.strategy import Strategy
+    from shardlab.runtime.measure import is_comm
 
     launch = cluster.launch_overhead
     timed: list[tuple[str, float, float]] = []  # (kind, roofline less launch, measured)
-    for model, overrides in REFERENCE:
-        graph = build_model(model, {**overrides, "dtype": dtype})
-        plan = build_plan(graph, Strategy.build(f"dp={nproc}", ["dp"], [], {}), cluster=cluster)
-        got = measure(plan, steps=steps, warmup=1, dtype=dtype)
-        seen = got.op_seconds(max(got.ranks, key=got.step_time))
-        roof = program_op_times(plan.program, cluster)
-        for op in plan.program.ops:
+    for run in runs:
+        seen = run.got.op_seconds(run.slowest)
+        roof = program_op_times(run.plan.program, cluster)
+        for op in run.plan.program.ops:
             if op.kind in hz.SYNC_KINDS or is_comm(op) or op.name not in seen:
                 continue
             work = max(0.0, roof.get(op.name, 0.0) - launch)
@@ -138,34 +212,45 @@ def measure_kernels(
     return samples, floor
 
 
-def measure_step_collectives(
-    cluster: Cluster, nproc: int, dtype: str, steps: int
-) -> list[CommSample]:
-    """The collectives of the GPT-2 reference layer (`REFERENCE[0]`), tensor parallel on
-    `nproc` ranks, as the torch backend runs them inside a step (each issued and waited
-    for before the op that reads it; on the slowest rank): the samples
-    `calibrate_fit.fit_step_latency` fits the link's in-step latency to."""
-    from shardlab.models import build_model
-    from shardlab.plan import build_plan
-    from shardlab.runtime.measure import measure
-    from shardlab.strategy import Strategy
-
-    model, overrides = REFERENCE[0]
-    graph = build_model(model, {**overrides, "dtype": dtype})
-    strategy = Strategy.build(f"tp={nproc}", ["megatron_tp"], [], {})
-    plan = build_plan(graph, strategy, cluster=cluster)
-    got = measure(plan, steps=steps, warmup=1, dtype=dtype)
-    seen = got.op_seconds(max(got.ranks, key=got.step_time))
+def step_collectives(runs: list[RefRun]) -> list[CommSample]:
+    """The collectives of every reference step as the slowest rank ran them, each its median
+    seconds from issue to the wait of the op that reads it (the compute it was issued ahead
+    of runs inside that span, as it does in the model's timeline): the samples
+    `calibrate_fit.fit_comm_scales` fits `comm_scale` to."""
     samples: list[CommSample] = []
-    for op in plan.program.ops:
-        if op.comm is None or op.name not in seen:
-            continue
-        n = len(comm_op_group(plan.program.mesh, 0, op.comm.axis))
-        f = factor(op.comm.kind, n) if n > 1 else 0.0
-        if f > 0:
-            samples.append(CommSample(op.comm.kind, n, int(op.comm.bytes_per_rank / f),
-                                      seen[op.name]))  # fmt: skip
+    for run in runs:
+        program = run.plan.program
+        seen = run.got.op_seconds(run.slowest)
+        for op in program.ops:
+            if op.comm is None or op.name not in seen:
+                continue
+            n = len(comm_op_group(program.mesh, 0, op.comm.axis))
+            f = factor(op.comm.kind, n) if n > 1 else 0.0
+            if f > 0:
+                size = int(op.comm.bytes_per_rank / f)
+                samples.append(CommSample(op.comm.kind, n, size, seen[op.name]))
     return samples
+
+
+def step_samples(runs: list[RefRun], cluster: Cluster, probe_s: float) -> list[StepSample]:
+    """Every reference step measured against the model on `cluster` without op overhead,
+    and the growth of the predicted step per second of `op_overhead` (differenced at
+    `probe_s`)."""
+    out = []
+    for run in runs:
+        bare = _predicted(run, dataclasses.replace(cluster, op_overhead=0.0))
+        probed = _predicted(run, dataclasses.replace(cluster, op_overhead=probe_s))
+        ops = sum(1 for op in run.plan.program.ops if op.kind not in hz.SYNC_KINDS)
+        out.append(StepSample(run.ref.label, ops, run.measured_s, bare,
+                              (probed - bare) / probe_s))  # fmt: skip
+    return out
+
+
+def _predicted(run: RefRun, cluster: Cluster) -> float:
+    """The model's step of a reference's program on `cluster`."""
+    from shardlab.cost.model import cost_program
+
+    return cost_program(run.plan.program, run.plan.training, cluster).step_time
 
 
 def describe(m: Measurements, quick: bool) -> str:
@@ -179,11 +264,13 @@ def describe(m: Measurements, quick: bool) -> str:
         "matmuls against size; hbm_bandwidth x memory_efficiency: "
         "elementwise adds against length; intra_node (= inter_node, one node): all_reduce, "
         "all_gather, reduce_scatter and all_to_all against message size and group size "
-        "(alpha-beta fit), its latency raised to what the collectives of a tensor-parallel "
-        "reference step pay; overlap_slowdown: a matmul under an all_reduce; launch_overhead "
+        "(alpha-beta fit); overlap_slowdown: a matmul under an all_reduce; launch_overhead "
         "(the backend's per-op time) and kernel_scale (per op kind, measured / roofline "
         "time): one-layer GPT-2 and Llama reference plans run data parallel on the torch "
-        f"backend. BLAS threads: {threads or 'library default'}. Raw samples: the "
+        "backend; comm_scale (per collective kind, in-step / isolated time): the "
+        "collectives of one-layer dp, tp, tp + sequence parallel, ZeRO-2 and FSDP reference "
+        "steps; op_overhead (seconds per op beside its kernel): those steps' measured time "
+        f"against the model's. BLAS threads: {threads or 'library default'}. Raw samples: the "
         ".measurements.json beside it."
     )
 
@@ -245,6 +332,9 @@ def report_lines(cal: Calibration) -> list[str]:
         label = f"in step: {k.kind} n={k.ranks} {k.size} B"
         lines.append(_row(label, k.seconds, f"{bus_bandwidth(k) / 1e9:.2f} GB/s bus",
                           fitted.get(label)))  # fmt: skip
+    for st in m.steps:
+        label = f"step: {st.label}"
+        lines.append(_row(label, st.measured_s, f"{st.ops} ops", fitted.get(label)))
     flops = ", ".join(f"{d} {v / 1e9:.1f}" for d, v in c.peak_flops.items())
     for ks in m.kernels:
         scale = c.kernel_scale.get(ks.kind)
@@ -258,6 +348,9 @@ def report_lines(cal: Calibration) -> list[str]:
         f"intra_node: bandwidth {c.intra_node.bandwidth / 1e9:.3f} GB/s (bus), latency "
         f"{c.intra_node.latency * 1e6:.1f} us per ring step; overlap_slowdown "
         f"{c.overlap_slowdown:.2f}",
+        "in-step comm_scale: "
+        + (", ".join(f"{k} x{v:.2f}" for k, v in c.comm_scale.items()) or "none")
+        + f"; op_overhead {c.op_overhead * 1e6:.1f} us per op",
         f"fit residuals: median |error| {median_abs_error(cal.fit.residuals):.1f}% over "
         f"{len(cal.fit.residuals)} samples",
     ]

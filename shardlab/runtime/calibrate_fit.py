@@ -19,7 +19,18 @@ relative error (every sample counts alike, whatever its size):
   plans run by the torch backend (numpy kernels make temporaries and passes the roofline does
   not count; einsum attention does not reach the BLAS rate), for kinds whose ops the
   roofline gives at least `MIN_ROOFLINE_S` in all;
-- overlap: `overlap_slowdown` = a matmul's time while an all_reduce runs / alone - 1.
+- overlap: `overlap_slowdown` is the timeline's own figure (compute runs 1 + s times slower
+  while a collective is in flight) solved for the contention sample: compute of t_m
+  seconds alone and a collective of t_c alone took T at once, so t_c / (1 + s) = t_m + t_c
+  - T (T at or above t_m + t_c: one after the other, `MAX_SLOWDOWN`); without that sample,
+  a matmul's time while an all_reduce runs / alone - 1;
+- in-step collectives: `comm_scale[kind]` = the summed seconds of the kind's collectives
+  timed inside reference training steps / their summed ring time on the isolated link (the
+  step's total of that kind is what the factor keeps right);
+- op overhead: `op_overhead` o solves measured = predicted + o x per_overhead over the
+  reference steps (`StepSample`: each step as the model predicts it with every other figure
+  fitted, and how much it grows per second of overhead), least squares on relative error,
+  never below 0.
 
 A fitted intercept below zero is dropped (the line is refitted through the origin).
 """
@@ -40,10 +51,12 @@ from shardlab.runtime.calibrate_measure import (
     ComputeSample,
     KernelSample,
     Measurements,
+    StepSample,
 )
 
-#: overlap_slowdown is kept within [0, MAX_SLOWDOWN]
-MAX_SLOWDOWN = 1.0
+#: overlap_slowdown is kept within [0, MAX_SLOWDOWN] (at 20, compute gets under 5% of its
+#: speed while a collective runs: the two take turns)
+MAX_SLOWDOWN = 20.0
 #: a kind's summed roofline seconds below this give it no kernel_scale (too small to read)
 MIN_ROOFLINE_S = 2e-6
 
@@ -151,21 +164,41 @@ def _residuals(prefix: str, link: Link, samples: Sequence[CommSample]) -> list[R
                      ring_time(s.kind, s.size, s.ranks, link)) for s in samples]  # fmt: skip
 
 
-def fit_step_latency(link: Link, samples: Sequence[CommSample]) -> tuple[Link, list[Residual]]:
-    """`link` with the latency per ring step that the collectives of a training step pay:
-    the median over `samples` (collectives timed inside a reference step) of their time less
-    the bandwidth term, per ring step; never below the isolated latency. Inside a step the
-    ranks arrive at a collective apart and gloo's threads share the cores with compute, so a
-    collective costs more than the same one timed alone."""
+def fit_comm_scales(
+    link: Link, samples: Sequence[CommSample]
+) -> tuple[dict[str, float], list[Residual]]:
+    """Per collective kind, the factor on its ring time over `link` that the collectives of
+    training steps show (`samples`: timed inside reference steps): summed measured / summed
+    ring seconds. Inside a step the ranks arrive at a collective apart and gloo's threads
+    share the cores with compute, so a collective costs more than the same one timed alone."""
     use = [s for s in samples if s.ranks > 1 and s.seconds > 0 and steps(s.kind, s.ranks)]
-    if not use:
-        return link, []
-    per_step = [
-        (s.seconds - factor(s.kind, s.ranks) * s.size / link.bandwidth) / steps(s.kind, s.ranks)
+    sums: dict[str, list[float]] = {}
+    for s in use:
+        acc = sums.setdefault(s.kind, [0.0, 0.0])
+        acc[0] += s.seconds
+        acc[1] += ring_time(s.kind, s.size, s.ranks, link)
+    scales = {k: m / p for k, (m, p) in sorted(sums.items()) if p > 0}
+    residuals = [
+        Residual(f"in step: {s.kind} n={s.ranks} {s.size} B", s.seconds,
+                 scales.get(s.kind, 1.0) * ring_time(s.kind, s.size, s.ranks, link))
         for s in use
-    ]
-    fitted = Link(link.bandwidth, max(link.latency, float(np.median(per_step))))
-    return fitted, _residuals("in step: ", fitted, use)
+    ]  # fmt: skip
+    return scales, residuals
+
+
+def fit_op_overhead(samples: Sequence[StepSample]) -> tuple[float, list[Residual]]:
+    """Seconds of overhead per op that best explain the reference steps (module docstring),
+    and each step's residual under the linear model."""
+    use = [s for s in samples if s.measured_s > 0 and s.per_overhead_s > 0]
+    if not use:
+        return 0.0, []
+    m = np.array([s.measured_s for s in use])
+    p = np.array([s.predicted_s for s in use])
+    k = np.array([s.per_overhead_s for s in use])
+    overhead = max(0.0, float(np.sum(k / m * (m - p) / m) / np.sum((k / m) ** 2)))
+    residuals = [Residual(f"step: {s.label}", s.measured_s,
+                          s.predicted_s + overhead * s.per_overhead_s) for s in use]  # fmt: skip
+    return overhead, residuals
 
 
 def kernel_scales(samples: Sequence[KernelSample]) -> dict[str, float]:
@@ -182,8 +215,18 @@ def bus_bandwidth(s: CommSample) -> float:
     return s.size / s.seconds * factor(s.kind, s.ranks)
 
 
-def overlap_slowdown(overlap: tuple[float, float] | None) -> float:
-    """Fraction by which compute slowed while a collective ran (0 when not measured)."""
+def overlap_slowdown(
+    overlap: tuple[float, float] | None,
+    contention: tuple[float, float, float] | None = None,
+) -> float:
+    """Fraction by which compute slows while a collective runs (module docstring): from the
+    contention sample when measured, else from the overlap one; 0 when neither was."""
+    if contention is not None and min(contention) > 0:
+        compute, comm, both = contention
+        spare = compute + comm - both  # what ran at the same time
+        if spare <= comm / (1.0 + MAX_SLOWDOWN):
+            return MAX_SLOWDOWN
+        return min(MAX_SLOWDOWN, max(0.0, comm / spare - 1.0))
     if overlap is None or overlap[0] <= 0:
         return 0.0
     return min(MAX_SLOWDOWN, max(0.0, overlap[1] / overlap[0] - 1.0))
@@ -214,22 +257,24 @@ def fit_all(m: Measurements) -> Fit:
     if m.nproc > 1:
         link, comm_res = fit_link(m.comm)
         residuals += comm_res
-    return Fit(tuple(compute), link, overlap_slowdown(m.overlap), tuple(residuals))
+    return Fit(tuple(compute), link, overlap_slowdown(m.overlap, m.contention), tuple(residuals))
 
 
 def cluster_of(fit: Fit, m: Measurements, name: str, description: str, hbm_bytes: float) -> Cluster:
     """The Cluster of a fit: one node of `m.nproc` devices. The launch overhead is the
     backend's measured per-op floor, else the elementwise intercept; matmul's ramp
-    (`cost.compute.MATMUL_RAMP_SECONDS`) is the model's own."""
+    (`cost.compute.MATMUL_RAMP_SECONDS`) is the model's own; `comm_scale` and `op_overhead`
+    come from the reference steps when measured (else none and 0)."""
     main = fit.compute[0]
     # the model's matmul efficiency is on the dtype's peak: keep each dtype's own
     flops = {c.dtype: c.peak_flops * c.matmul_efficiency / main.matmul_efficiency
              for c in fit.compute}  # fmt: skip
     # one link for both: a single node has no inter-node traffic; inside a step collectives
-    # pay the latency the reference step's collectives show
+    # cost what the reference steps' collectives show (`comm_scale`), each op what the
+    # reference steps' totals show beside their kernels (`op_overhead`)
     link = fit.link or Link(main.hbm_bandwidth, 0.0)
-    if m.step_comm:
-        link, _ = fit_step_latency(link, m.step_comm)
+    comm_scale, _ = fit_comm_scales(link, m.step_comm)
+    op_overhead, _ = fit_op_overhead(m.steps)
     return Cluster(
         kernel_scale=kernel_scales(m.kernels),
         name=name,
@@ -244,6 +289,8 @@ def cluster_of(fit: Fit, m: Measurements, name: str, description: str, hbm_bytes
         launch_overhead=m.op_floor_s if m.op_floor_s is not None else main.launch_overhead,
         matmul_efficiency=main.matmul_efficiency,
         memory_efficiency=main.memory_efficiency,
+        comm_scale=comm_scale,
+        op_overhead=op_overhead,
         description=description,
         source="shardlab calibrate",
     )

@@ -16,7 +16,11 @@ Every rank, in lockstep (a barrier before every sample):
   the buffer, the gathered output, the input before scattering, each rank's buffer), each
   timed from the numpy block's copy into a torch tensor to the numpy result (as the backend
   runs them);
-- overlap: the matmul of the middle size alone, then while an all_reduce is in flight.
+- overlap: the matmul of the middle size alone, then while an all_reduce is in flight;
+- contention: an all_reduce of 4 MiB alone, as many of those matmuls as take about as long
+  alone, then both at once (the all_reduce issued, the matmuls run, the all_reduce waited
+  for): whether the collective progresses while the rank computes (on a CPU whose cores
+  the ranks' compute fills, gloo's threads get none and the two run one after the other).
 
 A sample's seconds are the median of `repeats` timed runs (each a loop of calls long enough
 to be read) on each rank, then the median over the ranks that ran it.
@@ -65,7 +69,7 @@ class Sizes:
     def preset(cls, quick: bool) -> Sizes:
         if quick:
             return cls((64, 128, 256, 384, 512), (1 << 12, 1 << 16, 1 << 19, 1 << 21),
-                       (1 << 12, 1 << 16, 1 << 20, 1 << 22), 3, 2e-3)  # fmt: skip
+                       (1 << 12, 1 << 16, 1 << 20, 1 << 22), 5, 2e-3)  # fmt: skip
         return cls(
             (32, 64, 96, 128, 192, 256, 384, 512, 768),
             (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 21, 1 << 22),
@@ -108,6 +112,20 @@ class KernelSample:
     measured_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One reference plan's training step as the torch backend runs it (slowest rank's
+    median step), against the cost model on the calibrated cluster without `op_overhead`:
+    `predicted_s`, and `per_overhead_s`, how many seconds the predicted step grows per
+    second of `op_overhead` (about the ops on its critical path; `ops` counts them all)."""
+
+    label: str
+    ops: int
+    measured_s: float
+    predicted_s: float
+    per_overhead_s: float
+
+
 @dataclass
 class Measurements:
     """Everything one calibration measured (JSON: `to_json` / `from_json`)."""
@@ -118,13 +136,17 @@ class Measurements:
     comm: list[CommSample] = field(default_factory=list)
     #: seconds of one matmul alone and while an all_reduce is in flight
     overlap: tuple[float, float] | None = None
-    #: per op kind of the reference plans (`runtime.calibrate.measure_kernels`)
+    #: per op kind of the reference plans (`runtime.calibrate.kernel_samples`)
     kernels: list[KernelSample] = field(default_factory=list)
     #: the torch backend's per-op seconds (ops that do no work), when measured
     op_floor_s: float | None = None
-    #: collectives timed inside a tensor-parallel reference step
-    #: (`runtime.calibrate.measure_step_collectives`)
+    #: collectives timed inside the reference steps, issue to wait
+    #: (`runtime.calibrate.step_collectives`)
     step_comm: list[CommSample] = field(default_factory=list)
+    #: the reference steps (`runtime.calibrate.step_samples`)
+    steps: list[StepSample] = field(default_factory=list)
+    #: seconds of matmuls alone, an all_reduce alone, and both at once (module docstring)
+    contention: tuple[float, float, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,9 +155,11 @@ class Measurements:
             "compute": [asdict(s) for s in self.compute],
             "comm": [asdict(s) for s in self.comm],
             "overlap": list(self.overlap) if self.overlap else None,
+            "contention": list(self.contention) if self.contention else None,
             "kernels": [asdict(k) for k in self.kernels],
             "op_floor_s": self.op_floor_s,
             "step_comm": [asdict(s) for s in self.step_comm],
+            "steps": [asdict(s) for s in self.steps],
         }
 
     @classmethod
@@ -150,7 +174,13 @@ class Measurements:
             [KernelSample(**k) for k in data.get("kernels", [])],
             data.get("op_floor_s"),
             [CommSample(**s) for s in data.get("step_comm", [])],
+            [StepSample(**s) for s in data.get("steps", [])],
+            _triple(data.get("contention")),
         )
+
+
+def _triple(raw: Any) -> tuple[float, float, float] | None:
+    return (float(raw[0]), float(raw[1]), float(raw[2])) if raw else None
 
 
 def measure_all(nproc: int, dtype: str, sizes: Sizes, timeout_s: float = 300.0) -> Measurements:
@@ -182,6 +212,9 @@ def _merge(nproc: int, dtype: str, per_rank: list[dict[str, Any]]) -> Measuremen
     for i, s in enumerate(first["comm"]):
         secs = statistics.median(r["comm"][i]["seconds"] for r in per_rank[: s["ranks"]])
         out.comm.append(CommSample(**{**s, "seconds": secs}))
+    both = [r["contention"] for r in per_rank if r.get("contention")]
+    if both:
+        out.contention = _triple([statistics.median(c[i] for c in both) for i in range(3)])
     overlaps = [r["overlap"] for r in per_rank if r["overlap"]]
     if overlaps:
         out.overlap = (
@@ -211,6 +244,7 @@ def _rank_main(proc: int, nproc: int, work: str) -> None:
     result = runner.compute()
     result["comm"] = runner.comm(groups)
     result["overlap"] = runner.overlap(groups.get(nproc)) if nproc > 1 else None
+    result["contention"] = runner.contention(groups.get(nproc)) if nproc > 1 else None
     (Path(work) / f"out{proc}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
@@ -301,6 +335,35 @@ class _Runner:
             handle.wait()
         self.barrier()
         return alone, float(statistics.median(times)) if times else alone
+
+    def contention(self, group: Any) -> tuple[float, float, float]:
+        """Seconds of k matmuls alone, of one all_reduce of 4 MiB alone, and of both at
+        once (k: as many matmuls as the all_reduce takes); medians of `repeats` runs."""
+        import torch
+        import torch.distributed as dist
+
+        n = self.sizes.matmul[len(self.sizes.matmul) // 2]
+        a = self.rng.random((n, n)).astype(self.dtype)
+        buf = torch.zeros((1 << 22) // self.dtype.itemsize, dtype=_torch_dtype(self.dtype))
+        comm = self.timed(lambda: dist.all_reduce(buf, group=group), group)
+        one = self.timed(lambda: a @ a)
+        count = torch.tensor([max(1, min(MAX_CALLS, round(comm / one)))])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)  # as many on every rank
+        k = int(count.item())
+
+        def both() -> None:
+            handle = dist.all_reduce(buf, group=group, async_op=True)
+            for _ in range(k):
+                a @ a
+            handle.wait()
+
+        runs = []
+        for _ in range(self.sizes.repeats):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            both()
+            runs.append(time.perf_counter() - t0)
+        return k * one, comm, float(statistics.median(runs))
 
 
 def _torch_dtype(dt: np.dtype[Any]) -> Any:

@@ -17,14 +17,16 @@ from shardlab.cost.compute import roofline_time
 from shardlab.errors import ClusterError
 from shardlab.runtime.calibrate import side_file
 from shardlab.runtime.calibrate_fit import (
+    MAX_SLOWDOWN,
     MIN_ROOFLINE_S,
     cluster_of,
     fit_all,
+    fit_comm_scales,
     fit_line,
     fit_link,
     fit_matmul,
     fit_memory,
-    fit_step_latency,
+    fit_op_overhead,
     kernel_scales,
     overlap_slowdown,
 )
@@ -34,6 +36,7 @@ from shardlab.runtime.calibrate_measure import (
     ComputeSample,
     KernelSample,
     Measurements,
+    StepSample,
 )
 
 RATE, LAUNCH = 5e10, 3e-6  # matmul FLOP/s, per-op seconds
@@ -97,25 +100,58 @@ def test_link_fit_recovers_bandwidth_and_latency_over_kinds_and_group_sizes() ->
     assert len(residuals) == 3 * 4 * 4 and all(abs(r.error_pct) < 1e-6 for r in residuals)
 
 
-def test_in_step_collectives_raise_the_latency_to_their_median_never_lower() -> None:
+def test_in_step_collectives_give_each_kind_its_factor_over_the_isolated_ring() -> None:
     isolated = Link(LINK_BW, LINK_LAT)
-    size = 1 << 17
-    bw_term = factor("all_reduce", 2) * size / LINK_BW  # 2 x (1/2) x size / bandwidth
-    # three all-reduces of a step on 2 ranks (2 ring steps each) that waited on a peer
-    waits = [3e-3, 5e-3, 9e-3]
-    in_step = [CommSample("all_reduce", 2, size, bw_term + 2 * w) for w in waits]
-    link, residuals = fit_step_latency(isolated, in_step)
-    assert link.bandwidth == LINK_BW and link.latency == pytest.approx(5e-3)
-    assert [r.predicted_s for r in residuals] == pytest.approx([bw_term + 1e-2] * 3)
-    assert [round(r.error_pct, 6) for r in residuals] == pytest.approx(
-        [(bw_term + 1e-2) / (bw_term + 2 * w) * 100 - 100 for w in waits]
-    )
-    quick = [CommSample("all_reduce", 2, size, bw_term)]  # faster than isolated: no change
-    assert fit_step_latency(isolated, quick)[0] == isolated
-    assert fit_step_latency(isolated, []) == (isolated, [])
+    small, large = 1 << 12, 1 << 20
+    ring = {(k, z): ring_time(k, z, 2, isolated) for k in COLLECTIVES for z in (small, large)}
+    # all_reduces took 2x and 4x their ring time (summed: 3x if both sizes weigh alike);
+    # reduce_scatters 5x; all_gather and all_to_all were not seen inside a step
+    in_step = [
+        CommSample("all_reduce", 2, small, 2 * ring[("all_reduce", small)]),
+        CommSample("all_reduce", 2, large, 4 * ring[("all_reduce", large)]),
+        CommSample("reduce_scatter", 2, large, 5 * ring[("reduce_scatter", large)]),
+        CommSample("all_gather", 2, large, 0.0),  # not timed: left out
+    ]
+    scales, residuals = fit_comm_scales(isolated, in_step)
+    ar_small, ar_large = ring[("all_reduce", small)], ring[("all_reduce", large)]
+    expected = (2 * ar_small + 4 * ar_large) / (ar_small + ar_large)
+    assert scales == {"all_reduce": pytest.approx(expected), "reduce_scatter": pytest.approx(5.0)}
+    assert [r.label for r in residuals] == [
+        f"in step: all_reduce n=2 {small} B",
+        f"in step: all_reduce n=2 {large} B",
+        f"in step: reduce_scatter n=2 {large} B",
+    ]
+    assert residuals[2].error_pct == pytest.approx(0.0, abs=1e-9)
+    assert residuals[0].predicted_s == pytest.approx(expected * ar_small)
+    assert fit_comm_scales(isolated, []) == ({}, [])
     m = synthetic()
     m.step_comm = in_step
-    assert cluster_of(fit_all(m), m, "c", "", 1e9).intra_node.latency == pytest.approx(5e-3)
+    cluster = cluster_of(fit_all(m), m, "c", "", 1e9)
+    assert cluster.comm_scale == {k: pytest.approx(v, rel=1e-9) for k, v in scales.items()}
+    assert cluster.intra_node.latency == pytest.approx(LINK_LAT)  # the isolated link, kept
+
+
+def test_op_overhead_explains_the_steps_beyond_the_model_and_is_never_negative() -> None:
+    overhead = 40e-6
+    # three steps the model predicts without overhead; k: step growth per second of it
+    shapes = [("a", 100, 0.020, 90.0), ("b", 120, 0.030, 60.0), ("c", 80, 0.015, 80.0)]
+    samples = [StepSample(label, ops, pred + overhead * k, pred, k)
+               for label, ops, pred, k in shapes]  # fmt: skip
+    got, residuals = fit_op_overhead(samples)
+    assert got == pytest.approx(overhead, rel=1e-9)
+    assert [r.label for r in residuals] == ["step: a", "step: b", "step: c"]
+    assert all(abs(r.error_pct) < 1e-6 for r in residuals)
+    # noisy steps: least squares on relative error lands between the per-step overheads
+    noisy = [StepSample("a", 100, 0.020 + 30e-6 * 90, 0.020, 90.0),
+             StepSample("b", 120, 0.030 + 50e-6 * 60, 0.030, 60.0)]  # fmt: skip
+    assert 30e-6 < fit_op_overhead(noisy)[0] < 50e-6
+    faster = [StepSample("a", 100, 0.015, 0.020, 90.0)]  # measured below the model: no overhead
+    assert fit_op_overhead(faster)[0] == 0.0
+    assert fit_op_overhead([]) == (0.0, [])
+    m = synthetic()
+    m.steps = samples
+    assert cluster_of(fit_all(m), m, "c", "", 1e9).op_overhead == pytest.approx(overhead)
+    assert cluster_of(fit_all(synthetic()), synthetic(), "c", "", 1e9).op_overhead == 0.0
 
 
 def test_kernel_scale_is_measured_over_roofline_and_skips_unreadable_kinds() -> None:
@@ -126,8 +162,18 @@ def test_kernel_scale_is_measured_over_roofline_and_skips_unreadable_kinds() -> 
 def test_overlap_slowdown_is_the_relative_slowdown_within_bounds() -> None:
     assert overlap_slowdown((1e-3, 1.25e-3)) == pytest.approx(0.25)
     assert overlap_slowdown((1e-3, 0.9e-3)) == 0.0
-    assert overlap_slowdown((1e-3, 5e-3)) == 1.0
+    assert overlap_slowdown((1e-3, 50e-3)) == MAX_SLOWDOWN
     assert overlap_slowdown(None) == 0.0
+
+
+def test_contention_solves_the_timelines_slowdown_and_takes_precedence() -> None:
+    # compute 2 ms and a collective 2 ms alone; at once 3 ms: 1 ms ran side by side, so
+    # compute got half its speed while the collective ran (2 / (1 + s) = 1)
+    assert overlap_slowdown(None, (2e-3, 2e-3, 3e-3)) == pytest.approx(1.0)
+    assert overlap_slowdown((1e-3, 1.25e-3), (2e-3, 2e-3, 2e-3)) == 0.0  # fully side by side
+    assert overlap_slowdown(None, (2e-3, 2e-3, 4e-3)) == MAX_SLOWDOWN  # one after the other
+    assert overlap_slowdown(None, (2e-3, 2e-3, 5e-3)) == MAX_SLOWDOWN  # worse than that
+    assert overlap_slowdown((1e-3, 1.25e-3), (0.0, 2e-3, 2e-3)) == pytest.approx(0.25)
 
 
 def test_fitted_cluster_predicts_the_samples_it_was_fitted_on(tmp_path: Path) -> None:
@@ -166,6 +212,9 @@ def test_kernel_scale_multiplies_only_its_kinds_and_presets_have_none() -> None:
 
 def test_measurements_round_trip_through_json() -> None:
     m = synthetic()
+    m.step_comm = [CommSample("reduce_scatter", 2, 1 << 16, 1e-3)]
+    m.steps = [StepSample("llama zero2", 128, 0.03, 0.02, 56.0)]
+    m.contention = (2e-3, 2e-3, 4e-3)
     assert Measurements.from_json(json.loads(json.dumps(m.to_json()))) == m
 
 
@@ -183,6 +232,13 @@ def test_quick_calibration_writes_a_profile_plan_accepts(tmp_path: Path) -> None
     assert math.isfinite(cluster.intra_node.bandwidth) and cluster.kernel_scale
     raw = json.loads(side_file(out).read_text())
     assert raw["comm"] and raw["compute"] and raw["kernels"] and raw["residuals"]
+    # the reference steps: every collective kind the templates issue, and their residuals
+    assert {s["kind"] for s in raw["step_comm"]} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert set(cluster.comm_scale) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert cluster.op_overhead >= 0 and len(raw["steps"]) == 6 and raw["contention"]
+    labels = {r["sample"] for r in raw["residuals"]}
+    assert "step: llama zero2" in labels and "in step: reduce_scatter" in " ".join(labels)
+    assert "comm_scale" in got.output and "step: llama fsdp" in got.output
     sets = ["layers=1", "hidden=64", "heads=4", "kv_heads=2", "ffn=128", "vocab=64", "seq=8"]
     args = ["plan", "llama3-8b", *[a for s in sets for a in ("--set", s)], "--mesh", "dp=2",
             "--template", "dp", "--cluster", str(out)]  # fmt: skip
