@@ -1,10 +1,10 @@
 """The Ray engine: a device job runs as a Ray task in a placement group of its ranks, on a
-local Ray (`ray.init(num_cpus=2)`, started once for the module)."""
+local Ray (`ray.init(num_cpus=2)`: the `local_ray` fixture of tests/conftest.py, one per
+test process)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +27,6 @@ from worker.ray_engine import RayEngine, bundles  # noqa: E402  (needs ray)
 
 TINY = {"layers": 1, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 256,
         "seq": 16, "batch": 4}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[Any]:
-    """One local Ray of 2 CPUs for the module."""
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2,
-             log_to_driver=False)  # fmt: skip
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
 
 
 def test_bundles_are_one_per_rank() -> None:

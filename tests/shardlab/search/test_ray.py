@@ -16,14 +16,7 @@ TINY = {"layers": 4, "hidden": 128, "heads": 8, "kv_heads": 2, "ffn": 256, "voca
         "seq": 64}  # fmt: skip
 
 
-@pytest.fixture
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def test_a_search_on_ray_finds_what_local_workers_find(local_ray):
+def test_a_search_on_ray_finds_what_local_workers_find(local_ray: object) -> None:
     cluster = dataclasses.replace(load_cluster("h100-sxm-1x8"), hbm_bytes=int(0.012 * (1 << 30)))
     options = {"overrides": TINY, "global_batch": 8, "gpus": 4}
     on_ray = search("llama3-8b", cluster, ray_address="auto", **options)
