@@ -71,7 +71,7 @@ def gpt_pipeline(size: str, microbatches: int) -> dict[str, Any]:
 def llama70b_schedule(microbatches: int) -> dict[str, Any]:
     """The 1F1B schedule alone of llama3-70b on pp=8,dp=8,tp=8 (h100-sxm-64x8): the plan's
     unit costs laid out as slots (`cost.pipeline_slots.schedule_step`), best of 20."""
-    from shardlab.cost.pipeline_slots import schedule_step
+    from shardlab.cost.pipeline_layout import schedule_step
 
     model = build_model("llama3-70b", {"batch": 8 * microbatches})
     strategy = Strategy.build("pp=8,dp=8,tp=8", ["dp", "megatron_tp", "sequence_parallel"],

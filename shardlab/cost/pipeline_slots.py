@@ -12,7 +12,8 @@ pipeline axis) and the stage assignment, and:
 3. prices what crosses stages per micro-batch: a tensor replicated on some mesh axes is sent
    in as many pieces and gathered on arrival (Megatron-LM's scatter/gather), so each rank
    sends its share over the inter-stage link;
-4. lays the units out in the schedule's order (`schedule_units`: GPipe, 1F1B, interleaved):
+4. lays the units out in the schedule's order (`cost.pipeline_layout`; `schedule_units`:
+   GPipe, 1F1B, interleaved):
    a forward waits for the previous chunk's forward of the same micro-batch and its send, a
    backward for the next chunk's backward; each stage runs one unit at a time. The step ends
    when the last stage finishes its units and its tail. With equal units and free sends the
@@ -22,7 +23,8 @@ pipeline axis) and the stage assignment, and:
    the partial the stages exchange: float32 `main_grad` for a 16-bit weight) is
    all-reduced over those stages (the ranks at the same coordinates of the other axes, on
    the link between them); each stage's tail starts once its all-reduces have ended;
-6. counts memory per stage as the schedule holds it (a tied weight's replica on each of its
+6. counts memory per stage as the schedule holds it (`cost.pipeline_memory`; a tied
+   weight's replica on each of its
    stages): the model states of its layers, the
    activations one micro-batch keeps for the backward per chunk times the micro-batches in
    flight at the worst moment of the schedule (p - s for stage s of 1F1B: the first stage
@@ -42,16 +44,15 @@ from shardlab.cost.compute import (
     CalibrationTable,
     program_op_times,
 )
-from shardlab.cost.memory import CATEGORIES, MODEL_STATE, memory_profile
 from shardlab.cost.model import StepFigures, role_of_ranks, training_facts
+from shardlab.cost.pipeline_layout import StageSlots, schedule_step
+from shardlab.cost.pipeline_memory import StageMemory, stage_memory
 from shardlab.cost.timeline import Event, Timeline, simulate
 from shardlab.ir import DTYPE_BYTES, Graph
 from shardlab.mesh import Mesh
 from shardlab.passes.pipeline_schedule import (
-    PipelineError,
     bubble_fraction,
     check_schedule,
-    schedule_units,
 )
 from shardlab.passes.pipeline_split import Split
 from shardlab.passes.pipeline_stages import StageAssignment
@@ -59,35 +60,6 @@ from shardlab.placement import Replicate, local_shape
 from shardlab.program import DistOp, DistProgram
 
 Phase = Literal["F", "B"]
-
-
-@dataclass(frozen=True, slots=True)
-class StageMemory:
-    """What one rank of a pipeline stage holds at the worst moment of the schedule."""
-
-    model_state: dict[str, int]  # parameters, gradients, optimizer_state of its layers
-    activations_per_microbatch: tuple[int, ...]  # kept for the backward, per local chunk
-    in_flight: tuple[int, ...]  # micro-batches held per local chunk at the peak
-    activations: int  # sum of kept x in flight at the peak
-    temporaries: int  # the largest unit's own temporaries and comm buffers
-    peak_bytes: int
-    capacity_bytes: int
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "peak_bytes": self.peak_bytes,
-            "capacity_bytes": self.capacity_bytes,
-            "fits": self.fits,
-            "model_state_bytes": dict(self.model_state),
-            "activations_bytes": self.activations,
-            "activations_per_microbatch": list(self.activations_per_microbatch),
-            "in_flight": list(self.in_flight),
-            "temporaries_bytes": self.temporaries,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +286,7 @@ def cost_pipeline_slots(
                 tail_s=tail,
                 busy_s=busy[s],
                 end_s=ends[s],
-                memory=_stage_memory(program, training, split, s, orders[s], chunks, cluster),
+                memory=stage_memory(program, training, split, s, orders[s], chunks, cluster),
                 tied_end_s=tied_end[s],
             )
         )
@@ -508,134 +480,3 @@ def _group(mesh: Mesh, axes: Sequence[str]) -> tuple[int, ...]:
 def _block_bytes(program: DistProgram, value: str) -> float:
     t, spec = program.types[value], program.specs[value]
     return float(math.prod(local_shape(t.shape, spec.mesh, spec.placements)) * DTYPE_BYTES[t.dtype])
-
-
-def schedule_step(
-    schedule: str,
-    pp: int,
-    microbatches: int,
-    v: int,
-    times: dict[tuple[int, str], float],
-    p2p: dict[tuple[int, int, str], float],
-    starts: list[list[float]] | None = None,
-) -> tuple[list[list[Any]], list[float], list[float]]:
-    """The schedule's slots over unit costs (module doc, 4): each stage's unit order, when
-    each stage finishes its units and how long they keep it busy (with `starts`, one empty
-    list per stage, each unit's start too). `times[(chunk, phase)]` is one unit's seconds,
-    `p2p[(from chunk, to chunk, phase)]` one hop's; the work grows with stages x
-    micro-batches x chunks, never with the program's ops."""
-    orders = [schedule_units(schedule, pp, s, microbatches, v) for s in range(pp)]
-    ends, busy = _run_schedule(orders, pp, v, times, p2p, starts)
-    return orders, ends, busy
-
-
-@dataclass(frozen=True)
-class StageSlots:
-    """One stage's schedule slots, columnar (in the order the stage runs them)."""
-
-    stage: int
-    phase: list[str]
-    chunk: list[int]  # the global model chunk
-    microbatch: list[int]
-    start: list[float]
-    end: list[float]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"stage": self.stage, "phase": self.phase, "chunk": self.chunk,
-                "microbatch": self.microbatch, "start": self.start, "end": self.end}  # fmt: skip
-
-
-def _run_schedule(
-    orders: Sequence[Sequence[Any]],
-    pp: int,
-    v: int,
-    times: dict[tuple[int, str], float],
-    p2p: dict[tuple[int, int, str], float],
-    starts: list[list[float]] | None = None,
-) -> tuple[list[float], list[float]]:
-    """When each stage finishes its units, and how long they keep it busy (module doc, 4);
-    with `starts` (one empty list per stage), each unit's start in `orders` order."""
-    last = pp * v - 1
-    done: dict[tuple[str, int, int], float] = {}  # (phase, chunk, micro-batch) -> end
-    free = [0.0] * pp
-    busy = [0.0] * pp
-    pcs = [0] * pp
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for s in range(pp):
-            while pcs[s] < len(orders[s]):
-                unit = orders[s][pcs[s]]
-                g = unit.chunk * pp + s
-                if unit.phase == "F":
-                    before = ("F", g - 1, unit.microbatch)
-                    hop = p2p.get((g - 1, g, "F"), 0.0)
-                else:
-                    before = (
-                        ("F", g, unit.microbatch) if g == last else ("B", g + 1, unit.microbatch)
-                    )
-                    hop = 0.0 if g == last else p2p.get((g + 1, g, "B"), 0.0)
-                if unit.phase == "F" and g == 0:
-                    ready = 0.0
-                elif before in done:
-                    ready = done[before] + hop
-                else:
-                    break
-                seconds = times.get((g, unit.phase), 0.0)
-                start = max(free[s], ready)
-                if starts is not None:
-                    starts[s].append(start)
-                free[s] = done[(unit.phase, g, unit.microbatch)] = start + seconds
-                busy[s] += seconds
-                pcs[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - every schedule of pipeline_schedule runs
-            raise PipelineError(f"the schedule cannot run: stages stop at units {pcs}")
-    return free, busy
-
-
-def _stage_memory(
-    program: DistProgram,
-    training: Graph,
-    split: Split,
-    s: int,
-    order: Sequence[Any],
-    chunks: Sequence[int],
-    cluster: Cluster,
-) -> StageMemory:
-    """Stage s's memory over the schedule (module docstring, 5)."""
-    mine = [i for i in sorted(split.place) if split.holds(i, s)]
-    ops = [program.ops[i] for i in mine]
-    names = {op.name for op in ops}
-    ops = [replace(op, deps=tuple(d for d in op.deps if d in names)) for op in ops]
-    made = {x for op in ops for x in op.outputs}
-    values = {k: x for k, x in program.values.items() if x in made}
-    stage_program = DistProgram(program.mesh, ops, program.types, program.specs, values)
-    profile = memory_profile(stage_program, training)
-    pp = split.assignment.pp
-    kept = dict.fromkeys(chunks, 0)
-    for buf in profile.kept_for_backward:
-        chunk = split.assignment.chunk_of_scope(buf.scope)
-        kept[chunk if chunk in kept else chunks[0]] += buf.bytes
-    count = dict.fromkeys(chunks, 0)
-    worst, at_worst = 0, dict(count)
-    for unit in order:
-        g = unit.chunk * pp + s
-        count[g] += 1 if unit.phase == "F" else -1
-        held = sum(count[c] * kept[c] for c in chunks)
-        if held > worst:
-            worst, at_worst = held, dict(count)
-    state = {k: profile.model_state[k] for k in MODEL_STATE}
-    breakdown = profile.breakdown_at_peak
-    temporaries = sum(breakdown[c] for c in CATEGORIES if c in ("temporaries", "comm_buffers"))
-    temporaries += breakdown["inputs"]
-    return StageMemory(
-        model_state=state,
-        activations_per_microbatch=tuple(kept[c] for c in chunks),
-        in_flight=tuple(at_worst[c] for c in chunks),
-        activations=worst,
-        temporaries=temporaries,
-        peak_bytes=sum(state.values()) + worst + temporaries,
-        capacity_bytes=int(cluster.hbm_bytes),
-    )

@@ -8,7 +8,8 @@ import pytest
 from shardlab.autodiff import training_graph
 from shardlab.cost.clusters import load_cluster
 from shardlab.cost.pipeline_cost import cost_pipeline
-from shardlab.cost.pipeline_slots import _run_schedule, cost_pipeline_slots
+from shardlab.cost.pipeline_layout import run_schedule
+from shardlab.cost.pipeline_slots import cost_pipeline_slots
 from shardlab.lower import lower
 from shardlab.models import build_model
 from shardlab.passes.pipeline import build_pipeline, stage_strategy
@@ -36,7 +37,7 @@ def test_equal_units_and_free_sends_give_the_textbook_bubble(
     the idle share is (p - 1) / (v m + p - 1), 1F1B and GPipe alike (Narayanan et al.)."""
     orders = [schedule_units(schedule, pp, s, m, v) for s in range(pp)]
     times = {(g, phase): t / v for g in range(pp * v) for phase, t in (("F", 1.0), ("B", 2.0))}
-    ends, busy = _run_schedule(orders, pp, v, times, {})
+    ends, busy = run_schedule(orders, pp, v, times, {})
     assert busy == pytest.approx([3.0 * m] * pp)
     assert 1 - max(busy) / max(ends) == pytest.approx(bubble_fraction(pp, m, v))
 
@@ -47,15 +48,15 @@ def test_sends_lie_on_the_critical_path() -> None:
     neighbour's unit and the hop between them (p = 2, m = 2: exactly 9 + 2h)."""
     times = {(g, phase): t for g in range(4) for phase, t in (("F", 1.0), ("B", 2.0))}
     pair = [schedule_units("1f1b", 2, s, 2) for s in range(2)]
-    ends, _ = _run_schedule(pair, 2, 1, times, {(0, 1, "F"): 0.5, (1, 0, "B"): 0.5})
+    ends, _ = run_schedule(pair, 2, 1, times, {(0, 1, "F"): 0.5, (1, 0, "B"): 0.5})
     assert max(ends) == pytest.approx(9 + 2 * 0.5)
     pp, m = 4, 8
     orders = [schedule_units("1f1b", pp, s, m) for s in range(pp)]
     hops = {(g, g + 1, "F"): 0.5 for g in range(pp - 1)} | {
         (g + 1, g, "B"): 0.5 for g in range(pp - 1)
     }
-    base, _ = _run_schedule(orders, pp, 1, times, {})
-    slow, _ = _run_schedule(orders, pp, 1, times, hops)
+    base, _ = run_schedule(orders, pp, 1, times, {})
+    slow, _ = run_schedule(orders, pp, 1, times, hops)
     assert max(base) + 2 * (pp - 1) * 0.5 <= max(slow) <= max(base) + 2 * (m + pp - 1) * 0.5
 
 
