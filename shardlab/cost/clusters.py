@@ -22,7 +22,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -279,28 +279,27 @@ class _Checker:
     def comm_scales(self, value: object) -> dict[str, float]:
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
             raise self.error("comm_scale", "must be an object of collective kind -> factor", value)
-        for kind in value:
-            if kind not in COMM_KINDS:
-                raise ClusterError(
-                    f"cluster {self.cluster!r}: field 'comm_scale' has unknown collective kind "
-                    f"{kind!r}; known kinds: {', '.join(COMM_KINDS)}",
-                    cluster=str(self.cluster),
-                    field=f"comm_scale.{kind}",
-                )
-        return {k: self.number(f"comm_scale.{k}", v) for k, v in value.items()}
+        return self.keyed_numbers("comm_scale", value, COMM_KINDS, "collective kind")
 
     def flops(self, value: object) -> dict[str, float]:
         if not isinstance(value, Mapping) or not value:
             raise self.error("peak_flops", "must be a non-empty object of dtype -> FLOP/s", value)
-        for dtype in value:
-            if dtype not in KNOWN_DTYPES:
+        return self.keyed_numbers("peak_flops", value, KNOWN_DTYPES, "dtype")
+
+    def keyed_numbers(
+        self, name: str, value: Mapping[Any, object], known: Sequence[str], what: str
+    ) -> dict[str, float]:
+        """`value`'s positive numbers by key, every key one of `known` (else an error naming
+        the field and the key)."""
+        for key in value:
+            if key not in known:
                 raise ClusterError(
-                    f"cluster {self.cluster!r}: field 'peak_flops' has unknown dtype {dtype!r}; "
-                    f"known dtypes: {', '.join(KNOWN_DTYPES)}",
+                    f"cluster {self.cluster!r}: field {name!r} has unknown {what} {key!r}; "
+                    f"known {what}s: {', '.join(known)}",
                     cluster=str(self.cluster),
-                    field=f"peak_flops.{dtype}",
+                    field=f"{name}.{key}",
                 )
-        return {dtype: self.number(f"peak_flops.{dtype}", v) for dtype, v in value.items()}
+        return {key: self.number(f"{name}.{key}", v) for key, v in value.items()}
 
 
 def cluster_from_dict(data: Mapping[str, Any]) -> Cluster:
