@@ -13,17 +13,18 @@ Kinds left out run their numpy kernel: `dropout` / `dropout_grad` (a uint64 hash
 `pack` / `unpack` (buffers whose blocks depend on the rank), kinds without inputs (`fill`,
 `rope_cache`), `opaque` and the sync ops.
 
-This module imports torch at the top: only the torch backend's rank processes import it
-(`import shardlab` never does).
+Torch stays lazy, as everywhere in the engine: importing this module does not import it;
+the first `run_torch` does (`_load_torch`), in the torch backend's rank processes.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from shardlab.errors import ExecutionError
 from shardlab.ir import FLOAT_DTYPES
@@ -31,11 +32,18 @@ from shardlab.ops.base import Array, Attrs
 from shardlab.ops.reduce import reduce_dims
 from shardlab.ops.shape import _slice_args, _split_args
 
-Tensor = torch.Tensor
-#: (input tensors, attrs) -> output tensors, as the kind's numpy implementation.
-TorchFn = Callable[[Sequence[Tensor], Attrs], list[Tensor]]
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
-_INT_TARGETS = {"int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+#: (input tensors, attrs) -> output tensors, as the kind's numpy implementation.
+TorchFn = Callable[["Sequence[Tensor]", Attrs], "list[Tensor]"]
+
+
+def _load_torch() -> None:
+    """Bind this module's `torch` (the functions below use it) on first use."""
+    global torch
+    import torch
 
 
 def _sigmoid(x: Tensor) -> Tensor:
@@ -93,7 +101,7 @@ def _cast(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
         return [x.clone() if x.is_floating_point() else x.to(torch.float64)]
     if x.is_floating_point() and dtype != "bool" and not bool(torch.isfinite(x).all()):
         raise ExecutionError(f"cast to {dtype}: input holds non-finite values")
-    return [x.to(_INT_TARGETS[dtype])]
+    return [x.to(getattr(torch, dtype))]
 
 
 def _gelu_deriv(x: Tensor, approximate: str) -> Tensor:
@@ -378,10 +386,10 @@ def _adamw(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
 TORCH_IMPLS: dict[str, TorchFn] = {
     "matmul": _matmul,
     "linear": _linear,
-    "add": _binary(torch.add),
-    "sub": _binary(torch.sub),
-    "mul": _binary(torch.mul),
-    "div": _binary(torch.div),
+    "add": _binary(operator.add),
+    "sub": _binary(operator.sub),
+    "mul": _binary(operator.mul),
+    "div": _binary(operator.truediv),
     **{kind: _unary(fn) for kind, fn in _UNARY.items()},
     "scale": lambda xs, attrs: [xs[0] * float(attrs["factor"])],
     "cast": _cast,
@@ -427,6 +435,8 @@ def run_torch(kind: str, xs: Sequence[Array], attrs: Attrs) -> list[Array]:
     Float blocks of different dtypes (a float32 activation and the rope tables, always
     float64) are first cast to numpy's common dtype, as numpy's own promotion would compute
     them: torch's matmul, einsum and index_add do not promote."""
+    if "torch" not in globals():
+        _load_torch()
     arrays = [np.asarray(x) for x in xs]
     floats = {x.dtype for x in arrays if x.dtype.kind == "f"}
     if len(floats) > 1:
