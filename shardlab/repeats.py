@@ -106,15 +106,22 @@ def layer_of(name: str) -> tuple[str, int] | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
-def layer_family(graph: Graph) -> str | None:
-    """The numbered family that holds a model's layers: `layers` in presets, `model.layers`
-    or `transformer.h` in imported models (the family of op scopes with the most distinct
-    indices; None for a model without numbered layers)."""
+def layer_indices(graph: Graph) -> dict[str, set[int]]:
+    """Per numbered family of op scopes (`layers`, `model.layers`, `transformer.h`), the
+    layer indices the graph's ops are under."""
     by_family: dict[str, set[int]] = {}
     for op in graph.ops:
         found = layer_of(op.scope)
         if found is not None:
             by_family.setdefault(found[0], set()).add(found[1])
+    return by_family
+
+
+def layer_family(graph: Graph) -> str | None:
+    """The numbered family that holds a model's layers: `layers` in presets, `model.layers`
+    or `transformer.h` in imported models (the family with the most distinct indices; None
+    for a model without numbered layers)."""
+    by_family = layer_indices(graph)
     if not by_family:
         return None
     return max(sorted(by_family), key=lambda family: len(by_family[family]))

@@ -5,18 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.ir import Graph, ValueKind
-from shardlab.repeats import layer_family, layer_of
+from shardlab.repeats import layer_indices
 
 
 def count_layers(graph: Graph) -> int:
     """Number of distinct numbered layers: `layers.N` in presets, `model.layers.N` or
     `transformer.h.N` in imported models (0 for a model without them)."""
-    family = layer_family(graph)
-    if family is None:
-        return 0
-    return len(
-        {found[1] for op in graph.ops if (found := layer_of(op.scope)) and found[0] == family}
-    )
+    return max((len(indices) for indices in layer_indices(graph).values()), default=0)
 
 
 def model_summary(graph: Graph) -> dict[str, Any]:
