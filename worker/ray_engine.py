@@ -50,6 +50,7 @@ class RayRun:
     def __init__(self, ray: Any, group: Any, ref: Any) -> None:
         self.ray, self.group, self.ref = ray, group, ref
         self.started = False
+        self.answered = False  # its result came back: nothing left to cancel
 
     def poll(self, stopping: bool) -> tuple[Any, ...] | None:
         """The task's answer (as `worker.child.run_job` gives it); a progress note once its
@@ -63,6 +64,7 @@ class RayRun:
         done, _ = ray.wait([self.ref], timeout=POLL_S)
         if not done:
             return None
+        self.answered = True
         try:
             state, data = ray.get(self.ref)
         except Exception as exc:  # the task's worker died, or Ray could not run it
@@ -74,11 +76,17 @@ class RayRun:
         return str(state), data
 
     def stop(self) -> None:
-        """Cancel the task (if still running) and free its placement group."""
+        """Cancel the task (if it has not answered) and free its placement group.
+
+        A task whose result is ready is never force-cancelled: its result can be ready
+        before Ray has processed the task's reply, and force-killing its worker then makes
+        Ray's driver fail a check ("Tried to complete task that was not pending") and abort
+        the whole process (seen under load in tests/worker/test_ray_engine.py)."""
         from ray.util.placement_group import remove_placement_group
 
-        with contextlib.suppress(Exception):  # it finished already
-            self.ray.cancel(self.ref, force=True)
+        if not self.answered:
+            with contextlib.suppress(Exception):  # it finished meanwhile
+                self.ray.cancel(self.ref, force=True)
         remove_placement_group(self.group)
 
 
