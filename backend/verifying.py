@@ -4,8 +4,9 @@
 A verification runs on the simulated mesh (any worker) or on real ranks (`backend: torch`,
 one process per rank), which needs `nproc` equal to the plan's mesh size (the default) and a
 worker with the devices (`device`: cpu, the default, or cuda; `backend/devices.py`): the job row
-holds that requirement, so only such a worker claims it. A mistake is a 422
-`invalid_verification` naming the field, before anything is stored.
+holds that requirement, so only such a worker claims it. Compute dtype "bfloat16" (the
+model's own mixed precision, bf16 with fp32 masters) runs only on real ranks. A mistake is a
+422 `invalid_verification` naming the field, before anything is stored.
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ def run_on(
                       f"{strategy.mesh} has {size} ranks and runs one process per rank",
                       code, nproc=nproc, mesh_size=size)  # fmt: skip
     return RunOn("torch", nproc, asked.device or "cpu")
+
+
+def check_dtype(compute_dtype: str, run: RunOn, prefix: str = "") -> None:
+    """A 422 naming `compute_dtype` when it cannot run where `run` says: "bfloat16" (the
+    model's own mixed precision) needs real ranks (`backend: torch`)."""
+    if compute_dtype == "bfloat16" and run.backend != "torch":
+        raise _refuse(prefix + "compute_dtype", "bfloat16 runs the model's own mixed precision "
+                      "on real ranks: it needs backend 'torch' (the simulated backend computes "
+                      "in numpy float64/float32)", compute_dtype=compute_dtype)  # fmt: skip
 
 
 def queue_verification(

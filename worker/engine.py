@@ -268,6 +268,7 @@ def run_verify(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
         lr=float(strategy.options.get("lr", 1e-3)),
         compute_dtype=inputs.get("compute_dtype", "float64"),
         backend=backend,
+        device=str(inputs.get("device") or "cpu"),
     )
     return {"report": report.to_json()}
 

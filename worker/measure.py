@@ -113,6 +113,6 @@ def measure_plan(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     plan = build(inputs, progress, (0.0, 0.3))
     steps, device = int(inputs.get("steps") or 5), str(inputs.get("device") or "cpu")
     progress(0.3, f"timing {steps} steps (after 1 warm-up) on {size} torch ranks ({device})")
-    m = measure(plan, steps=steps, warmup=1, dtype=MEASURE_DTYPE)
+    m = measure(plan, steps=steps, warmup=1, dtype=MEASURE_DTYPE, device=device)
     progress(0.9, "comparing with the prediction")
     return {"measured": measured_json(plan, m, device), "trace": measured_trace(m)}

@@ -18,7 +18,7 @@ from backend.planning import engine_strategy
 from backend.routers.plans import job_fields, job_of, owned
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import Created, VerificationCreate, VerificationOut
-from backend.verifying import queue_verification, run_on
+from backend.verifying import check_dtype, queue_verification, run_on
 from shardlab.check import check_verifiable
 from shardlab.runtime.twin import has_twin
 from shardlab.strategy import Strategy as EngineStrategy
@@ -57,6 +57,7 @@ def create_verification(
     plan: Plan = owned(session, Plan, team, body.plan_id, "plan")
     strategy = _check_verifiable(session, plan, body.compute_dtype, body.twin)
     run = run_on(strategy, body)
+    check_dtype(body.compute_dtype, run)
     ver = queue_verification(
         session, settings, team, body.plan_id, body.compute_dtype, run, twin=body.twin
     )

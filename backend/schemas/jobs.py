@@ -113,7 +113,12 @@ class VerificationCreate(VerifyOn):
     """Verify a plan: one training step distributed against one device."""
 
     plan_id: RowId
-    compute_dtype: Literal["float64", "float32"] = "float64"
+    compute_dtype: Literal["float64", "float32", "bfloat16"] = Field(
+        "float64",
+        description="float64 | float32 | bfloat16: the model's own mixed precision (bf16 "
+        "values, fp32 master weights and moments) on real ranks (backend torch), each op "
+        "checked against itself computed exactly.",
+    )
     twin: bool = Field(
         True,
         description="A model too large to verify here (its run would hold more than the "

@@ -62,6 +62,12 @@ MicrobatchesOption = Annotated[
 VirtualStagesOption = Annotated[
     int | None, typer.Option(help="Model chunks per pipeline rank (interleaved; default 2).")
 ]
+DeviceOption = Annotated[
+    str,
+    typer.Option(
+        help="Device of the torch ranks: cpu (gloo) or cuda (NCCL, one GPU per rank).",
+    ),
+]
 
 
 def load_model(model: str, overrides: list[str] | None = None) -> Graph:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from shardlab.cli.common import (
+    DeviceOption,
     JsonFlag,
     MeshOption,
     MicrobatchesOption,
@@ -60,12 +61,20 @@ def measure_cmd(
         typer.Option(help=f"Cluster the prediction is for (default {DEFAULT_CLUSTER})."),
     ] = None,
     optimizer: Annotated[str, typer.Option(help="adamw or sgd.")] = "adamw",
-    dtype: Annotated[str, typer.Option(help="Compute dtype: float64 or float32.")] = "float32",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Compute dtype: float64, float32, or bfloat16 (the model's own mixed "
+            "precision: bf16 values, fp32 masters and moments; build it with dtype=bfloat16)."
+        ),
+    ] = "float32",
+    device: DeviceOption = "cpu",
     seed: Annotated[int, typer.Option(help="Seed of the inputs and parameters.")] = 0,
     by_layer: Annotated[bool, typer.Option("--by-layer", help="Add a row per layer.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run the plan's step on one process per rank (torch.distributed, gloo), time every op
+    """Run the plan's step on one process per rank (torch.distributed: gloo on CPU, NCCL on
+    --device cuda), time every op
     and print predicted against measured seconds with error % = (pred - meas) / meas; a pp
     mesh axis runs as a pipeline (--schedule, default 1f1b; --microbatches;
     --virtual-stages) and adds units, tail and bubble per stage."""
@@ -81,7 +90,7 @@ def measure_cmd(
         strategy = with_pipeline(strategy, schedule, microbatches, virtual_stages)
         check_nproc(nproc, strategy.mesh)
         plan = build_plan(graph, strategy, optimizer=optimizer, cluster=cluster or DEFAULT_CLUSTER)
-        got = measure(plan, steps=steps, warmup=warmup, seed=seed, dtype=dtype)
+        got = measure(plan, steps=steps, warmup=warmup, seed=seed, dtype=dtype, device=device)
         rows = compare(plan, got)
     except ShardlabError as exc:
         fail(exc)

@@ -11,6 +11,7 @@ import typer
 
 from shardlab.cli.common import (
     AnnotateOption,
+    DeviceOption,
     JsonFlag,
     MeshOption,
     MicrobatchesOption,
@@ -40,16 +41,24 @@ def verify_cmd(
     schedule: ScheduleOption = None,
     microbatches: MicrobatchesOption = None,
     virtual_stages: VirtualStagesOption = None,
-    dtype: Annotated[str, typer.Option(help="Compute dtype: float64 or float32.")] = "float64",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Compute dtype: float64, float32, or bfloat16 (--backend torch: the model's "
+            "own mixed precision, bf16 values with fp32 masters, each op checked against "
+            "itself computed exactly; build the model with dtype=bfloat16)."
+        ),
+    ] = "float64",
     optimizer: Annotated[str, typer.Option(help="adamw or sgd.")] = "adamw",
     seed: Annotated[int, typer.Option(help="Seed of the inputs and parameters.")] = 0,
     backend: Annotated[
         str,
         typer.Option(
             help="Where the ranks run: simulated (all ranks in this process) or torch (one "
-            "process per rank, torch.distributed collectives over gloo on CPU)."
+            "process per rank, torch.distributed collectives: gloo on CPU, NCCL on CUDA)."
         ),
     ] = "simulated",
+    device: DeviceOption = "cpu",
     nproc: Annotated[
         int | None,
         typer.Option(help="Processes to run (--backend torch); must equal the mesh size."),
@@ -91,6 +100,7 @@ def verify_cmd(
             compute_dtype=dtype,
             seed=seed,
             backend=backend,
+            device=device,
         )
     except ShardlabError as exc:
         fail(exc)

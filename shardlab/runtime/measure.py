@@ -30,7 +30,9 @@ from shardlab.plan import Plan
 from shardlab.program import DistOp, DistProgram
 from shardlab.repeats import layer_of
 from shardlab.runtime import hazards as hz
+from shardlab.runtime.mixed_precision import MIXED_DTYPE
 from shardlab.runtime.reference import make_feeds
+from shardlab.runtime.torch_device import RankDevice
 from shardlab.runtime.torchdist import RankTiming, time_torchdist
 
 if TYPE_CHECKING:
@@ -123,20 +125,38 @@ class Row:
 
 
 def measure(
-    plan: Plan, steps: int = 5, warmup: int = 1, seed: int = 0, dtype: str | None = None
+    plan: Plan,
+    steps: int = 5,
+    warmup: int = 1,
+    seed: int = 0,
+    dtype: str | None = None,
+    device: str = "cpu",
 ) -> Measurement:
-    """Time `plan`'s program on torch ranks (`steps` kept after `warmup` dropped); a
-    pipelined plan's stage programs (`measure_pipeline.measure_pipelined`)."""
+    """Time `plan`'s program on torch ranks (`steps` kept after `warmup` dropped) on
+    `device` ("cpu": gloo, "cuda": NCCL); a pipelined plan's stage programs
+    (`measure_pipeline.measure_pipelined`). `dtype` "bfloat16" runs the graph's own mixed
+    precision (`rank_device`)."""
     if plan.pipeline is not None:
         from shardlab.runtime.measure_pipeline import measure_pipelined  # it imports this
 
-        return measure_pipelined(plan, steps=steps, warmup=warmup, seed=seed, dtype=dtype)
-    compute_dtype = dtype or "float64"
-    sources = make_feeds(plan.training, seed, compute_dtype)
-    ranks = time_torchdist(
-        plan.program, sources, seed, steps=steps, warmup=warmup, compute_dtype=compute_dtype
-    )
+        return measure_pipelined(
+            plan, steps=steps, warmup=warmup, seed=seed, dtype=dtype, device=device
+        )
+    sources = make_feeds(plan.training, seed, feed_dtype(dtype))
+    ranks = time_torchdist(plan.program, sources, seed, steps=steps, warmup=warmup,
+                           device=rank_device(device, dtype))  # fmt: skip
     return Measurement(plan.program, ranks, steps, warmup)
+
+
+def feed_dtype(dtype: str | None) -> str:
+    """The numpy dtype a measurement's sources are drawn in (float32 for "bfloat16", whose
+    ranks cast each value to its declared dtype)."""
+    return {None: "float64", MIXED_DTYPE: "float32"}.get(dtype, dtype or "float64")
+
+
+def rank_device(device: str, dtype: str | None) -> RankDevice:
+    """Where and in which precision a measurement's ranks run."""
+    return RankDevice(device, "graph" if dtype == MIXED_DTYPE else "compute")
 
 
 def stream_tids(program: DistProgram) -> dict[str, int]:

@@ -49,8 +49,10 @@ from shardlab.runtime.measure import (
     _grouped,
     _meta,
     _span,
+    feed_dtype,
     is_comm,
     layer_name,
+    rank_device,
 )
 from shardlab.runtime.reference import make_feeds
 from shardlab.runtime.torch_pipeline import time_pipeline_torch
@@ -96,13 +98,20 @@ def pipeline_sources(plan: Plan, seed: int, dtype: str) -> dict[str, Array]:
 
 
 def measure_pipelined(
-    plan: Plan, steps: int = 5, warmup: int = 1, seed: int = 0, dtype: str | None = None
+    plan: Plan,
+    steps: int = 5,
+    warmup: int = 1,
+    seed: int = 0,
+    dtype: str | None = None,
+    device: str = "cpu",
 ) -> Measurement:
     """Time pipelined `plan`'s stage programs on torch ranks (`steps` kept after `warmup`
-    dropped); the `Measurement` holds the pipeline that ran."""
+    dropped) on `device`, in `dtype` (`measure.rank_device`); the `Measurement` holds the
+    pipeline that ran."""
     pipeline = executable_pipeline(plan)
-    sources = pipeline_sources(plan, seed, dtype or "float64")
-    ranks = time_pipeline_torch(pipeline, sources, seed, steps=steps, warmup=warmup)
+    sources = pipeline_sources(plan, seed, feed_dtype(dtype))
+    ranks = time_pipeline_torch(pipeline, sources, seed, steps=steps, warmup=warmup,
+                                device=rank_device(device, dtype))  # fmt: skip
     return Measurement(plan.program, ranks, steps, warmup, pipeline)
 
 

@@ -30,11 +30,21 @@ from shardlab.models import build_model, get_preset
 from shardlab.ops.base import Array
 from shardlab.passes.pipeline import PipelineProgram, build_pipeline, execution_order
 from shardlab.passes.pipeline_schedule import p2p_key
+from shardlab.program import DistProgram
 from shardlab.runtime.distribute import assemble, distribute
 from shardlab.runtime.hazards import SYNC_KINDS
-from shardlab.runtime.reference import run_reference, source_values
+from shardlab.runtime.mixed_precision import MIXED_DTYPE
+from shardlab.runtime.reference import source_values
 from shardlab.runtime.simulated import execute_op
-from shardlab.runtime.verify import TensorCheck, VerifyReport, _compare, check_outputs
+from shardlab.runtime.verify import (
+    TensorCheck,
+    VerifyReport,
+    _compare,
+    check_local_op,
+    check_outputs,
+    precision_of,
+    reference_env,
+)
 from shardlab.strategy import Strategy
 
 Blocks = dict[str, dict[int, Array]]
@@ -102,16 +112,26 @@ def run_pipeline(
     seed: int = 0,
     *,
     backend: str = "simulated",
+    device: str = "cpu",
+    precision: str = "compute",
 ) -> dict[str, Array]:
-    """Global views after one pipelined step on `backend`, from the global (full-batch)
-    source values.
+    """Global views after one pipelined step on `backend` (the torch backend's ranks on
+    `device`, in `precision`: `runtime.torch_device`), from the global (full-batch) source
+    values.
 
     Keys: every entry of `pipeline.outputs` (accumulated gradients, new params and state),
     `<loss>#<m>` per micro-batch and the loss itself (their mean).
     """
     from shardlab.runtime.backends import run_pipeline_backend
 
-    blocks = run_pipeline_backend(backend, pipeline, sources, seed)
+    blocks = run_pipeline_backend(
+        backend, pipeline, sources, seed, device=device, precision=precision
+    )
+    return pipeline_views(pipeline, blocks)
+
+
+def pipeline_views(pipeline: PipelineProgram, blocks: list[Blocks]) -> dict[str, Array]:
+    """`run_pipeline`'s global views, from every stage's blocks."""
 
     def view(stage: int, value: str) -> Array:
         program = pipeline.stages[stage]
@@ -123,6 +143,31 @@ def run_pipeline(
         out[value] = loss
     out[pipeline.loss] = np.mean(np.stack(losses), axis=0)
     return out
+
+
+def check_stages_local(
+    pipeline: PipelineProgram, blocks: list[Blocks], full: Graph
+) -> list[TensorCheck]:
+    """Mixed precision: every compute op of every stage program (each micro-batch's forward
+    and backward, the gradient sums, the optimizer) against the same op computed exactly on
+    the stage's own inputs (`runtime.verify.check_local`), in the order the stages run;
+    activations are kept only where they fail. Values are reported under their serial
+    names' kinds (`x#3` as `x`)."""
+    checks: list[TensorCheck] = []
+    for s, op in execution_order(pipeline):
+        program = pipeline.stages[s]
+        if op.comm is not None or op.kind in SYNC_KINDS or op.kind in ("send", "recv"):
+            continue
+
+        def view(value: str, s: int = s, program: DistProgram = program) -> Array:
+            return assemble(blocks[s][value], program.specs[value], program.types[value].shape)
+
+        got = {n: view(n) for n in op.outputs}
+        types = [program.types[n] for n in op.outputs]
+        for check in check_local_op(full, op, [view(v) for v in op.inputs], got, types):
+            if check.kind != "activation" or not check.ok:
+                checks.append(check)
+    return checks
 
 
 def preset_builder(preset: str, overrides: Mapping[str, object] | None = None) -> ModelBuilder:
@@ -147,6 +192,7 @@ def verify_pipeline(
     axis: str = "pp",
     transform: Callable[[PipelineProgram], PipelineProgram] | None = None,
     backend: str = "simulated",
+    device: str = "cpu",
 ) -> VerifyReport:
     """One pipelined training step against the full batch on one device.
 
@@ -155,7 +201,8 @@ def verify_pipeline(
     report's `first_divergence` names the first failing tensor (loss, then by name); its
     summary is the pipeline's summary plus the number of compared tensors. `transform`, when
     given, rewrites the built pipeline before it runs (e.g. passes on its stage programs).
-    `backend` runs the stages (`runtime.verify.BACKENDS`).
+    `backend` runs the stages (`runtime.verify.BACKENDS`), the torch backend's on `device`;
+    compute dtype "bfloat16" runs them in the graph's own mixed precision (`runtime.verify`).
     """
     if isinstance(model, str):
         if batch is None:
@@ -182,15 +229,22 @@ def verify_pipeline(
     )
     if transform is not None:
         pipeline = transform(pipeline)
-    env = run_reference(full, seed=seed, compute_dtype=compute_dtype)
+    env = reference_env(full, seed, compute_dtype, backend)
     sources = {v.name: env[v.name] for v in source_values(full)}
-    got = run_pipeline(pipeline, sources, seed, backend=backend)
+    from shardlab.runtime.backends import run_pipeline_backend
+
+    blocks = run_pipeline_backend(backend, pipeline, sources, seed, device=device,
+                                  precision=precision_of(compute_dtype))  # fmt: skip
+    got = pipeline_views(pipeline, blocks)
     loss = pipeline.loss
     outputs = {name: got[name] for name in pipeline.outputs}
     checks: list[TensorCheck] = []
-    for op in full.ops:
-        checks += check_outputs(full, op, env, outputs, compute_dtype)
-    checks.sort(key=lambda c: c.name)
+    if compute_dtype == MIXED_DTYPE:
+        checks = check_stages_local(pipeline, blocks, full)
+    else:
+        for op in full.ops:
+            checks += check_outputs(full, op, env, outputs, compute_dtype)
+        checks.sort(key=lambda c: c.name)
     checks.insert(0, _compare(loss, "loss", got[loss], env[loss], compute_dtype))
     failed = [c.name for c in checks if not c.ok]
     summary = {**pipeline.summary(), "compared": len(checks), "reference_ops": len(full.ops)}

@@ -2,8 +2,9 @@
 
 What it is for: a rank of the torch backend (`runtime.torch_rank`) runs comm steps and a
 kernel's mid-op reductions over real process groups; this module makes those groups and
-maps every step onto one gloo collective, with the layout conversions between a numpy
-block and the flat tensor torch sends.
+maps every step onto one torch.distributed collective (gloo on CPU, NCCL on CUDA:
+`runtime.torch_device`), with the layout conversions between a rank's block (a tensor on
+its device) and the flat tensor torch sends. Nothing leaves the device.
 
 - `make_groups` creates a torch group for every group of every non-empty subset of mesh
   axes, of every mesh given (a flat program's mesh, or every pipeline stage's sub-mesh), on
@@ -13,7 +14,8 @@ block and the flat tensor torch sends.
   sum / n, gloo has no AVG), all_gather -> `all_gather_single`, reduce_scatter ->
   `reduce_scatter_single`, all_to_all -> `all_to_all_single`; local_slice and local_partial
   need no peer. Each is issued with `async_op=True` and returns its handle (None: nothing
-  to wait for) and a `Finish` that makes its outputs once the handle is done.
+  to wait for) and a `Finish` that makes its outputs once the handle is done. A numpy
+  kernel's mid-op request is reduced by `reduce_array`.
 - uneven shards (a dim that does not divide its mesh axes): a rank cannot see its peers'
   block sizes, so the caller passes them (`sizes`: per group position, along the dim the
   step gathers or moves; `placement.group_sizes`). all_gather and reduce_scatter pad every
@@ -25,10 +27,11 @@ block and the flat tensor torch sends.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,12 +40,15 @@ from shardlab.mesh import Mesh
 from shardlab.ops.base import Array
 from shardlab.placement import Shard
 from shardlab.reshard import CommStep
-from shardlab.runtime.reshard_exec import pad_shard, partial_op, shard_dim
+from shardlab.runtime.reshard_exec import partial_op, shard_dim
 from shardlab.runtime.sharded import axes_group
 from shardlab.runtime.torch_launch import BACKEND, torch_modules
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
 #: What an issued collective leaves behind: how to make its outputs once it is done.
-Finish = Callable[[], list[Array]]
+Finish = Callable[[], "list[Tensor]"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,23 +106,12 @@ class Handles:
             h.wait()
 
 
-def tensor(x: Array) -> Any:
-    """A flat torch copy of a block (the copy stays untouched while a collective runs)."""
-    torch, _ = torch_modules()
-    return torch.from_numpy(np.array(x, copy=True).reshape(-1))
-
-
-def _empty(n: int, like: Array) -> Any:
-    torch, _ = torch_modules()
-    return torch.from_numpy(np.empty(n, dtype=like.dtype))
-
-
 #: Per group position, the block sizes along the dim a step gathers or moves (None: even).
 Sizes = tuple[int, ...] | None
 
 
 def start_step(
-    xs: Sequence[Array], step: CommStep, g: Group, sizes: Sequence[Sizes] | None = None
+    xs: Sequence[Tensor], step: CommStep, g: Group, sizes: Sequence[Sizes] | None = None
 ) -> tuple[Any, Finish]:
     """Issue comm step `step` on every block of `xs` over group `g`; `sizes[i]`: the group's
     block sizes along the source shard dim of block i (uneven shards; None: all equal)."""
@@ -128,13 +123,14 @@ def start_step(
     return Handles(handles) if handles else None, lambda: [f()[0] for _, f in started]
 
 
-def _even(x: Array, dim: int, g: Group, sizes: Sizes) -> tuple[int, ...]:
+def _even(x: Tensor, dim: int, g: Group, sizes: Sizes) -> tuple[int, ...]:
     """`sizes`, or this rank's block size along `dim` at every position (equal blocks)."""
     return tuple(sizes) if sizes is not None else (x.shape[dim],) * g.n
 
 
-def _start_one(x: Array, step: CommStep, g: Group, sizes: Sizes) -> tuple[Any, Finish]:
+def _start_one(x: Tensor, step: CommStep, g: Group, sizes: Sizes) -> tuple[Any, Finish]:
     """Issue one step (other than all_reduce) on one block."""
+    torch, _ = torch_modules()
     if step.kind == "all_gather":
         d = shard_dim(step.src, step)
         return _all_gather(x, d, g, _even(x, d, g, sizes))
@@ -144,7 +140,7 @@ def _start_one(x: Array, step: CommStep, g: Group, sizes: Sizes) -> tuple[Any, F
         d = shard_dim(step.src, step)
         return _all_to_all(x, d, shard_dim(step.dst, step), g, _even(x, d, g, sizes))
     if step.kind == "local_slice":
-        piece = np.array_split(x, g.n, axis=shard_dim(step.dst, step))[g.pos].copy()
+        piece = torch.tensor_split(x, g.n, dim=shard_dim(step.dst, step))[g.pos].clone()
         return None, lambda: [piece]
     if step.kind == "local_partial":
         made = _local_partial(x, step, g, sizes)
@@ -152,22 +148,37 @@ def _start_one(x: Array, step: CommStep, g: Group, sizes: Sizes) -> tuple[Any, F
     raise ExecutionError(f"unknown step kind {step.kind!r}", step=step.kind)
 
 
-def _local_partial(x: Array, step: CommStep, g: Group, sizes: Sizes) -> Array:
-    """R or S(d) -> P(op) on this rank, as `reshard_exec.apply_step` does it."""
+def _local_partial(x: Tensor, step: CommStep, g: Group, sizes: Sizes) -> Tensor:
+    """R or S(d) -> P(op) on this rank, as `reshard_exec.apply_step` (`pad_shard`) does it."""
     op = partial_op(step.dst, step)
-    if isinstance(step.src, Shard):
-        d = step.src.dim
-        return pad_shard(x, _even(x, d, g, sizes), g.pos, d, op)
-    return x.copy() if op != "sum" or g.pos == 0 else np.zeros_like(x)
+    if not isinstance(step.src, Shard):
+        return x.clone() if op != "sum" or g.pos == 0 else x.new_zeros(x.shape)
+    d = step.src.dim
+    widths = _even(x, d, g, sizes)
+    shape = list(x.shape)
+    shape[d] = sum(widths)
+    out = x.new_zeros(shape)
+    out.narrow(d, sum(widths[: g.pos]), widths[g.pos]).copy_(x * g.n if op == "avg" else x)
+    return out
 
 
-def _padded(x: Array, dim: int, size: int) -> Array:
-    """`x` zero-padded along `dim` to `size` (a copy)."""
+def _padded(x: Tensor, dim: int, size: int) -> Tensor:
+    """`x` zero-padded along `dim` to `size` (a contiguous copy)."""
+    torch, _ = torch_modules()
     if x.shape[dim] == size:
-        return np.array(x, copy=True)
-    widths = [(0, 0)] * x.ndim
-    widths[dim] = (0, size - x.shape[dim])
-    return np.pad(x, widths)
+        return x.contiguous().clone()
+    shape = list(x.shape)
+    shape[dim] = size - x.shape[dim]
+    padded: Tensor = torch.cat([x, x.new_zeros(shape)], dim=dim)
+    return padded
+
+
+def _flat(parts: Sequence[Tensor]) -> Tensor:
+    """The parts flattened and concatenated into one new tensor (it stays untouched while a
+    collective reads it)."""
+    torch, _ = torch_modules()
+    flat: Tensor = torch.cat([p.reshape(-1) for p in parts])
+    return flat
 
 
 def _torch_op(op: str) -> Any:
@@ -179,21 +190,38 @@ def _torch_op(op: str) -> Any:
     return ops[op]
 
 
-def all_reduce(xs: Sequence[Array], op: str, g: Group) -> tuple[Any, Finish]:
-    """One all_reduce of the flattened, concatenated blocks (a fused bucket in one call)."""
-    _, dist = torch_modules()
-    sizes = [x.size for x in xs]
+def all_reduce(xs: Sequence[Tensor], op: str, g: Group) -> tuple[Any, Finish]:
+    """One all_reduce of the flattened, concatenated blocks (a fused bucket in one call; a
+    bucket of mixed float dtypes travels in the widest and each block gets its own back)."""
+    torch, dist = torch_modules()
     if g.pg is None:
-        return None, lambda: [np.array(x, copy=True) for x in xs]
-    buf = tensor(np.concatenate([np.ravel(x) for x in xs]))
+        return None, lambda: [x.clone() for x in xs]
+    wide = xs[0].dtype
+    for x in xs[1:]:
+        wide = torch.promote_types(wide, x.dtype)
+    sizes = [x.numel() for x in xs]
+    buf = _flat([x.to(wide) for x in xs])
     handle = dist.all_reduce(buf, op=_torch_op(op), group=g.pg, async_op=True)
 
-    def finish() -> list[Array]:
-        flat = buf.numpy() / g.n if op == "avg" else buf.numpy()
-        parts = np.split(flat, np.cumsum(sizes)[:-1])
-        return [p.reshape(x.shape).astype(x.dtype) for p, x in zip(parts, xs, strict=True)]
+    def finish() -> list[Tensor]:
+        flat = buf / g.n if op == "avg" else buf
+        parts = torch.split(flat, sizes)
+        return [p.reshape(x.shape).to(x.dtype) for p, x in zip(parts, xs, strict=True)]
 
     return handle, finish
+
+
+def reduce_array(data: Array, op: str, g: Group, where: Any) -> Array:
+    """A numpy kernel's mid-op request (`runtime.kernels.CollectiveRequest`) reduced over
+    group `g`, blocking; the tensor travels on torch device `where`."""
+    torch, _ = torch_modules()
+    arr = np.array(data, copy=True)
+    if g.pg is None:
+        return arr
+    handle, finish = all_reduce([torch.from_numpy(arr).to(where)], op, g)
+    if handle is not None:
+        handle.wait()
+    return np.asarray(finish()[0].cpu().numpy())
 
 
 def _newer(dist: ModuleType, name: str, old: str) -> Any:
@@ -201,59 +229,58 @@ def _newer(dist: ModuleType, name: str, old: str) -> Any:
     return getattr(dist, name, None) or getattr(dist, old)
 
 
-def _all_gather(x: Array, dim: int, g: Group, sizes: tuple[int, ...]) -> tuple[Any, Finish]:
+def _all_gather(x: Tensor, dim: int, g: Group, sizes: tuple[int, ...]) -> tuple[Any, Finish]:
     """Every position's block, padded to the largest along `dim` for the call, trimmed after."""
-    _, dist = torch_modules()
+    torch, dist = torch_modules()
     if g.pg is None:
-        return None, lambda: [x.copy()]
-    big = max(sizes)
-    padded = _padded(x, dim, big)
-    out = _empty(g.n * padded.size, x)
+        return None, lambda: [x.clone()]
+    padded = _padded(x, dim, max(sizes))
+    out = padded.new_empty(g.n * padded.numel())
     gather = _newer(dist, "all_gather_single", "all_gather_into_tensor")
-    handle = gather(out, tensor(padded), group=g.pg, async_op=True)
+    handle = gather(out, padded.reshape(-1), group=g.pg, async_op=True)
 
-    def finish() -> list[Array]:
-        got = out.numpy().reshape(g.n, *padded.shape)
-        by_pos = [np.take(got[g.mesh_pos.index(c)], range(sizes[c]), axis=dim)
-                  for c in range(g.n)]  # fmt: skip
-        return [np.concatenate(by_pos, axis=dim)]
+    def finish() -> list[Tensor]:
+        got = out.reshape(g.n, *padded.shape)
+        by_pos = [got[g.mesh_pos.index(c)].narrow(dim, 0, sizes[c]) for c in range(g.n)]
+        return [torch.cat(by_pos, dim=dim)]
 
     return handle, finish
 
 
-def _reduce_scatter(x: Array, op: str, dim: int, g: Group) -> tuple[Any, Finish]:
-    """This rank's `numpy.array_split` chunk of the reduced block; every chunk is padded to
-    the largest (the first) for the call and this rank's is trimmed after."""
-    _, dist = torch_modules()
-    chunks = np.array_split(x, g.n, axis=dim)
+def _reduce_scatter(x: Tensor, op: str, dim: int, g: Group) -> tuple[Any, Finish]:
+    """This rank's `numpy.array_split` chunk of the reduced block (`torch.tensor_split` cuts
+    the same); every chunk is padded to the largest (the first) for the call and this rank's
+    is trimmed after."""
+    torch, dist = torch_modules()
+    chunks = torch.tensor_split(x, g.n, dim=dim)
     if g.pg is None:
-        return None, lambda: [chunks[0].copy()]
+        return None, lambda: [chunks[0].clone()]
     big = chunks[0].shape[dim]
     padded = [_padded(c, dim, big) for c in chunks]
-    send = tensor(np.concatenate([np.ravel(padded[c]) for c in g.mesh_pos]))
-    out = _empty(padded[0].size, x)
+    send = _flat([padded[c] for c in g.mesh_pos])
+    out = padded[0].new_empty(padded[0].numel())
     scatter = _newer(dist, "reduce_scatter_single", "reduce_scatter_tensor")
     handle = scatter(out, send, op=_torch_op(op), group=g.pg, async_op=True)
     mine = chunks[g.pos].shape[dim]
 
-    def finish() -> list[Array]:
-        got = np.take(out.numpy().reshape(padded[0].shape), range(mine), axis=dim)
+    def finish() -> list[Tensor]:
+        got = out.reshape(padded[0].shape).narrow(dim, 0, mine)
         return [got / g.n if op == "avg" else got]
 
     return handle, finish
 
 
 def _all_to_all(
-    x: Array, src_dim: int, dst_dim: int, g: Group, sizes: tuple[int, ...]
+    x: Tensor, src_dim: int, dst_dim: int, g: Group, sizes: tuple[int, ...]
 ) -> tuple[Any, Finish]:
     """S(src_dim) -> S(dst_dim): chunk j of this block (along dst_dim, as `numpy.array_split`
     cuts it) goes to position j; the chunks received (position c's is `sizes[c]` long along
     src_dim) are concatenated along src_dim in mesh order. Split sizes, no padding."""
-    _, dist = torch_modules()
-    chunks = np.array_split(x, g.n, axis=dst_dim)
+    torch, dist = torch_modules()
+    chunks = torch.tensor_split(x, g.n, dim=dst_dim)
     if g.pg is None:
-        return None, lambda: [chunks[0].copy()]
-    send = tensor(np.concatenate([np.ravel(chunks[c]) for c in g.mesh_pos]))
+        return None, lambda: [chunks[0].clone()]
+    send = _flat([chunks[c] for c in g.mesh_pos])
     mine = list(chunks[g.pos].shape)
 
     def shape_from(c: int) -> tuple[int, ...]:
@@ -261,21 +288,20 @@ def _all_to_all(
         shape[src_dim] = sizes[c]
         return tuple(shape)
 
-    recv = [int(np.prod(shape_from(c))) for c in g.mesh_pos]
-    out = _empty(sum(recv), x)
+    recv = [math.prod(shape_from(c)) for c in g.mesh_pos]
+    out = x.new_empty(sum(recv))
     handle = dist.all_to_all_single(
         out,
         send,
         output_split_sizes=recv,
-        input_split_sizes=[chunks[c].size for c in g.mesh_pos],
+        input_split_sizes=[chunks[c].numel() for c in g.mesh_pos],
         group=g.pg,
         async_op=True,
     )
 
-    def finish() -> list[Array]:
-        flat = np.split(out.numpy(), np.cumsum(recv)[:-1])
-        got = {c: piece for c, piece in zip(g.mesh_pos, flat, strict=True)}
+    def finish() -> list[Tensor]:
+        got = dict(zip(g.mesh_pos, torch.split(out, recv), strict=True))
         by_pos = [got[c].reshape(shape_from(c)) for c in range(g.n)]
-        return [np.concatenate(by_pos, axis=src_dim)]
+        return [torch.cat(by_pos, dim=src_dim)]
 
     return handle, finish

@@ -12,10 +12,14 @@ their payloads travel by pickle, so a job is named by its module, which each pro
 imports.
 
 - `spawn` starts n processes (`torch.multiprocessing`, "forkserver" where the platform has
-  it, a gloo group over a FileStore in a temporary directory) and returns every result in
+  it, a group over a FileStore in a temporary directory) and returns every result in
   process order; a rank's ShardlabError comes back as an ExecutionError naming the rank.
 - `run_job` is `spawn`, or, under `torchrun` (RANK, WORLD_SIZE and MASTER_ADDR set), runs
   this process's part in the launched group and shares every result (`all_gather_object`).
+- the device (`runtime.torch_device.RankDevice`, default CPU) picks the group's library,
+  gloo on CPU and NCCL on CUDA; each process binds its GPU (process index, or torchrun's
+  LOCAL_RANK, modulo the node's GPUs) before it joins, and the caller's process checks the
+  machine has a GPU per rank first.
 
 Threads: a rank stands for one device, and the ranks share this machine's cores, so each
 computes with a one-thread BLAS / OpenMP (`RANK_THREADS`: n ranks each running a threaded
@@ -46,6 +50,7 @@ from types import ModuleType
 from typing import Any
 
 from shardlab.errors import ExecutionError, ShardlabError
+from shardlab.runtime.torch_device import RankDevice
 
 BACKEND = "torch"
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
@@ -97,15 +102,18 @@ def run_job(
     inputs: Sequence[Any],
     timeout_s: float,
     ranks: Sequence[int] | None = None,
+    device: RankDevice | None = None,
 ) -> list[Any]:
     """Every process's result of `job`, one process per input: spawned, or under torchrun
     this process's share of the launched group (`timeout_s` bounds every collective;
-    `ranks` as for `spawn`)."""
+    `ranks` and `device` as for `spawn`)."""
     if not under_torchrun():
-        return spawn(job, common, inputs, timeout_s, ranks)
+        return spawn(job, common, inputs, timeout_s, ranks, device)
     _, dist = torch_modules()
+    device = device or RankDevice()
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        device.bind(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(device.collective_backend, timeout=timedelta(seconds=timeout_s))
     world = dist.get_world_size()
     if world != len(inputs):
         raise ExecutionError(
@@ -128,14 +136,18 @@ def spawn(
     inputs: Sequence[Any],
     timeout_s: float,
     ranks: Sequence[int] | None = None,
+    device: RankDevice | None = None,
 ) -> list[Any]:
     """Spawn one process per input; what each process's `job` returned, in process order.
-    `ranks`, when given, are the mesh ranks the processes run (an error names them)."""
+    `ranks`, when given, are the mesh ranks the processes run (an error names them);
+    `device` (default CPU) is what every process binds and whose library the group uses."""
     torch, _ = torch_modules()
     n = len(inputs)
+    device = device or RankDevice()
+    device.check_devices(n)
     with tempfile.TemporaryDirectory(prefix="shardlab-torch-") as tmp:
         work = Path(tmp)
-        _dump(work / "job.pkl", (job, common, os.environ.get(SETUP_ENV)))
+        _dump(work / "job.pkl", (job, common, os.environ.get(SETUP_ENV), device))
         for p, mine in enumerate(inputs):
             _dump(work / f"in{p}.pkl", mine)
         try:
@@ -185,15 +197,16 @@ def _spawned_rank(proc: int, nproc: int, work: str, timeout_s: float) -> None:
     tear down, and nothing is left to clean up)."""
     _, dist = torch_modules()
     where = Path(work)
+    job, common, setup, device = _load(where / "job.pkl")
+    device.bind(proc)
     dist.init_process_group(
-        "gloo",
+        device.collective_backend,
         init_method=f"file://{where / 'store'}",
         rank=proc,
         world_size=nproc,
         timeout=timedelta(seconds=timeout_s),
     )
     try:
-        job, common, setup = _load(where / "job.pkl")
         if setup:
             _setup_function(setup)()
         _dump(where / f"out{proc}.pkl", job(proc, common, _load(where / f"in{proc}.pkl")))

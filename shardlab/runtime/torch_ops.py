@@ -14,7 +14,7 @@ Kinds left out run their numpy kernel: `dropout` / `dropout_grad` (a uint64 hash
 `rope_cache`), `opaque` and the sync ops.
 
 Torch stays lazy, as everywhere in the engine: importing this module does not import it;
-the first `run_torch` does (`_load_torch`), in the torch backend's rank processes.
+the first `run_tensors` does (`_load_torch`), in the torch backend's rank processes.
 """
 
 from __future__ import annotations
@@ -142,16 +142,19 @@ def _log_softmax(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     return [z - torch.log(total)]
 
 
-def _causal_above(rows: int, cols: int, offset: int = 0) -> Tensor:
-    """True above diagonal `1 + offset` of a [rows, cols] grid (keys after the query)."""
-    return torch.triu(torch.ones(rows, cols, dtype=torch.bool), diagonal=1 + offset)
+def _causal_above(x: Tensor, offset: int = 0) -> Tensor:
+    """True above diagonal `1 + offset` of the [rows, cols] grid of `x`'s last two dims
+    (keys after the query), on `x`'s device."""
+    rows, cols = x.shape[-2:]
+    mask = torch.ones(rows, cols, dtype=torch.bool, device=x.device)
+    return torch.triu(mask, diagonal=1 + offset)
 
 
 def _masked_softmax(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     x = xs[0]
     z = x * float(attrs.get("scale", 1.0))
     if attrs.get("causal", False):
-        z = z.masked_fill(_causal_above(x.shape[-2], x.shape[-1]), -math.inf)
+        z = z.masked_fill(_causal_above(x), -math.inf)
     z = z - torch.amax(z, dim=-1, keepdim=True)
     e = torch.exp(z)
     return [e / torch.sum(e, dim=-1, keepdim=True)]
@@ -215,7 +218,7 @@ def _attention(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     v = torch.repeat_interleave(v, group, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * _scale_of(q, attrs)
     if attrs.get("causal", True):
-        scores = scores.masked_fill(_causal_above(*scores.shape[-2:]), -math.inf)
+        scores = scores.masked_fill(_causal_above(scores), -math.inf)
     weights = torch.exp(scores - torch.amax(scores, dim=-1, keepdim=True))
     weights = weights / torch.sum(weights, dim=-1, keepdim=True)
     return [torch.einsum("bhqk,bkhd->bqhd", weights, v)]
@@ -230,7 +233,7 @@ def _attention_grad(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     scale = _scale_of(q, attrs)
     s = torch.einsum("bqhd,bkhd->bhqk", q, kr) * scale
     if attrs.get("causal", True):
-        s = s.masked_fill(_causal_above(*s.shape[-2:]), -math.inf)
+        s = s.masked_fill(_causal_above(s), -math.inf)
     p = torch.exp(s - torch.amax(s, dim=-1, keepdim=True))
     p = p / torch.sum(p, dim=-1, keepdim=True)
     dvr = torch.einsum("bhqk,bqhd->bkhd", p, dy)
@@ -262,7 +265,7 @@ def _embedding(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
 
 def _embedding_grad(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     ids, dy = xs
-    out = torch.zeros(int(attrs["vocab"]), dy.shape[-1], dtype=dy.dtype)
+    out = dy.new_zeros(int(attrs["vocab"]), dy.shape[-1])
     return [out.index_add_(0, ids.reshape(-1).long(), dy.reshape(-1, dy.shape[-1]))]
 
 
@@ -337,7 +340,7 @@ def _slice_grad(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     dim = int(attrs["dim"]) % dy.dim()
     shape = [*dy.shape]
     shape[dim] = int(attrs["size"])
-    out = torch.zeros(shape, dtype=dy.dtype)
+    out = dy.new_zeros(shape)
     out[_index(shape, attrs)] = dy
     return [out]
 
@@ -428,22 +431,48 @@ TORCH_IMPLS: dict[str, TorchFn] = {
 }
 
 
-def run_torch(kind: str, xs: Sequence[Array], attrs: Attrs) -> list[Array]:
-    """`TORCH_IMPLS[kind]` on numpy blocks: each wrapped by `torch.from_numpy` (no copy, once
-    C-contiguous and writable), each output handed back as `.numpy()` (no copy).
+#: Kinds that compute in float32 on 16-bit inputs, their outputs rounded back: softmax,
+#: normalization and loss statistics, as the fused kernels of mixed-precision training
+#: (flash attention, Apex / Megatron layer norm, vocab-parallel cross entropy) compute them;
+#: in bfloat16 their sums and differences (`dp - sum(dp * p)`) lose every digit.
+UPCAST_KINDS = frozenset({
+    "softmax", "log_softmax", "masked_softmax", "masked_softmax_grad",
+    "layer_norm", "rms_norm", "layer_norm_grad", "rms_norm_grad",
+    "scaled_dot_product_attention", "attention_grad",
+    "cross_entropy", "cross_entropy_grad", "mse_loss", "sgd", "adamw",
+})  # fmt: skip
 
-    Float blocks of different dtypes (a float32 activation and the rope tables, always
-    float64) are first cast to numpy's common dtype, as numpy's own promotion would compute
-    them: torch's matmul, einsum and index_add do not promote."""
+
+def run_torch(kind: str, xs: Sequence[Array], attrs: Attrs) -> list[Array]:
+    """`TORCH_IMPLS[kind]` on numpy blocks (`run_tensors` on each wrapped by
+    `torch.from_numpy`: no copy, once C-contiguous and writable), each output handed back
+    as `.numpy()` (no copy)."""
     if "torch" not in globals():
         _load_torch()
-    arrays = [np.asarray(x) for x in xs]
-    floats = {x.dtype for x in arrays if x.dtype.kind == "f"}
+    tensors = [torch.from_numpy(_wrappable(np.asarray(x))) for x in xs]
+    return [y.numpy() for y in run_tensors(kind, tensors, attrs)]
+
+
+def run_tensors(kind: str, xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
+    """`TORCH_IMPLS[kind]` on tensors (a torch rank's blocks, on its device).
+
+    Float tensors of different dtypes (a float32 activation and the rope tables, float64; a
+    bfloat16 activation and a float32 master) are first cast to their common dtype, as
+    numpy's promotion would compute them: torch's matmul, einsum and index_add do not
+    promote. `UPCAST_KINDS` compute 16-bit inputs in float32."""
+    if "torch" not in globals():
+        _load_torch()
+    floats = {x.dtype for x in xs if x.is_floating_point()}
     if len(floats) > 1:
-        common = np.result_type(*floats)
-        arrays = [x.astype(common) if x.dtype.kind == "f" else x for x in arrays]
-    tensors = [torch.from_numpy(_wrappable(x)) for x in arrays]
-    return [y.numpy() for y in TORCH_IMPLS[kind](tensors, attrs)]
+        common = next(iter(floats))
+        for dtype in floats:
+            common = torch.promote_types(common, dtype)
+        xs = [x.to(common) if x.is_floating_point() else x for x in xs]
+    if kind in UPCAST_KINDS and floats & {torch.bfloat16, torch.float16}:
+        low = next(x.dtype for x in xs if x.is_floating_point())
+        wide = [x.float() if x.is_floating_point() else x for x in xs]
+        return [y.to(low) if y.is_floating_point() else y for y in TORCH_IMPLS[kind](wide, attrs)]
+    return TORCH_IMPLS[kind](xs, attrs)
 
 
 def _wrappable(x: Array) -> Array:

@@ -4,13 +4,18 @@ What it is for: every process of the torch backend (`runtime.torchdist`,
 `runtime.torch_pipeline`) runs one mesh rank's ops in program order; this module is that
 run, with the process group already joined (`runtime.torch_launch`).
 
+- blocks are torch tensors on the rank's device (`runtime.torch_device.RankDevice`: CPU or
+  CUDA, in the verification's compute dtype or the graph's own mixed precision), from the
+  sources the rank is given (numpy, loaded once) to the blocks it hands back (numpy again,
+  `host_blocks`). Under precision "graph" every float output is stored in its declared
+  dtype (a bfloat16 activation, a float32 master weight), as a mixed-precision framework
+  keeps them;
 - compute ops whose rule asks for the `default` kernel (the op's own implementation on the
   local blocks), `reshape_local` or `shape_attr_local` (the same with a local `shape`) run
-  as torch ops when their kind has one (`runtime.torch_ops.TORCH_IMPLS`: the blocks
-  wrapped by `torch.from_numpy`, the outputs kept as numpy views of the tensors); the
-  others run their rule's numpy kernel (`runtime.kernels`), and a kernel's mid-op
-  `CollectiveRequest` is a blocking `all_reduce` over the group of its axes. Each run
-  counts its compute ops by where they ran (`OpCounts`);
+  as torch ops when their kind has one (`runtime.torch_ops.TORCH_IMPLS`, on the device);
+  the others run their rule's numpy kernel (`runtime.kernels`) on host copies of the
+  blocks, and a kernel's mid-op `CollectiveRequest` is a blocking `all_reduce` over the
+  group of its axes. Each run counts its compute ops by where they ran (`OpCounts`);
 - comm steps on a mesh axis run over the rank's torch group along that axis
   (`runtime.torch_comm`);
 - an async op (`hazards.is_async`: any op on a `comm:*` stream) is issued with
@@ -23,7 +28,9 @@ run, with the process group already joined (`runtime.torch_launch`).
 Timing (`time_rank` for `runtime.measure`; `time_steps` for any prepared run, e.g. a
 pipeline stage's, whose sends are waited inside its step): the program runs
 `warmup + steps` times on the same sources, a `dist.barrier()` before each; the wall clock
-(`time.perf_counter_ns`) is read around each op, relative to the rank's own barrier exit.
+(`time.perf_counter_ns`) is read around each op, relative to the rank's own barrier exit
+(on CUDA after the device's current stream has finished the op: kernels run
+asynchronously).
 A sync op's span is its issue to its outputs stored (a `recv`'s includes waiting for its
 peer's send: a pipeline's bubble); an async collective's is its issue to its wait's
 completion; a `wait` / `hold` / `free` op's span includes completing its predecessors
@@ -48,39 +55,40 @@ from shardlab.program import DistOp, DistProgram
 from shardlab.reshard import CommStep
 from shardlab.runtime import hazards as hz
 from shardlab.runtime.kernels import KERNELS, CollectiveRequest, LocalContext
-from shardlab.runtime.torch_comm import (
-    Finish,
-    Group,
-    Sizes,
-    all_reduce,
-    make_groups,
-    start_step,
-)
+from shardlab.runtime.torch_comm import Finish, Group, Sizes, make_groups, reduce_array, start_step
+from shardlab.runtime.torch_device import RankDevice, to_device, to_host
 from shardlab.runtime.torch_launch import BACKEND, torch_modules
 
-#: One rank's blocks: value name -> array.
+#: One rank's blocks as they travel between processes: value name -> array.
 RankBlocks = dict[str, Array]
+#: One rank's blocks while it runs: value name -> tensor on the rank's device.
+Tensors = dict[str, Any]
 
 
 class PointToPoint(Protocol):
     """Where a rank's `send` and `recv` ops go (a pipeline's stage-to-stage transfers)."""
 
-    def send(self, op: DistOp, block: Array) -> None:
-        """Start sending `block`, the input of send op `op` (it may complete later)."""
+    def send(self, op: DistOp, block: Any) -> None:
+        """Start sending tensor `block`, the input of send op `op` (it may complete later)."""
 
-    def recv(self, op: DistOp) -> Array:
-        """The block recv op `op` receives (blocks until it has arrived)."""
+    def recv(self, op: DistOp) -> Any:
+        """The tensor recv op `op` receives (blocks until it has arrived)."""
 
 
-#: A kind's torch implementation on numpy blocks (`runtime.torch_ops.run_torch`).
-TorchRunner = Callable[[Sequence[Array], Mapping[str, Any]], list[Array]]
+#: A kind's torch implementation on tensors (`runtime.torch_ops.run_tensors`).
+TorchRunner = Callable[[Sequence[Any], Mapping[str, Any]], list[Any]]
 
 
 def _torch_impls() -> dict[str, TorchRunner]:
-    """Every kind that runs as a torch op, as a function of numpy blocks (imports torch)."""
+    """Every kind that runs as a torch op, as a function of tensors (imports torch)."""
     from shardlab.runtime import torch_ops
 
-    return {kind: partial(torch_ops.run_torch, kind) for kind in torch_ops.TORCH_IMPLS}
+    return {kind: partial(torch_ops.run_tensors, kind) for kind in torch_ops.TORCH_IMPLS}
+
+
+def host_blocks(blocks: Tensors) -> RankBlocks:
+    """A rank's tensors as numpy blocks for the calling process (`torch_device.to_host`)."""
+    return {name: to_host(t) for name, t in blocks.items()}
 
 
 def process_ranks(ranks: Sequence[int]) -> list[int]:
@@ -101,18 +109,20 @@ class OpCounts:
         self.numpy[label] = self.numpy.get(label, 0) + 1
 
 
-def run_rank(program: DistProgram, me: int, sources: RankBlocks) -> RankBlocks:
-    """Run mesh rank `me`'s program in this process (the process group is joined): every
-    value's block on this rank."""
-    return run_rank_counted(program, me, sources)[0]
+def run_rank(
+    program: DistProgram, me: int, sources: RankBlocks, device: RankDevice | None = None
+) -> RankBlocks:
+    """Run mesh rank `me`'s program in this process (the process group is joined) on
+    `device` (default: CPU, compute precision): every value's block on this rank."""
+    return run_rank_counted(program, me, sources, device)[0]
 
 
 def run_rank_counted(
-    program: DistProgram, me: int, sources: RankBlocks
+    program: DistProgram, me: int, sources: RankBlocks, device: RankDevice | None = None
 ) -> tuple[RankBlocks, OpCounts]:
     """`run_rank`, and where its compute ops ran."""
-    run = RankRun(program, me, dict(sources), _flat_groups(program, me))
-    return run.run(), run.counts
+    run = RankRun(program, me, sources, _flat_groups(program, me), device=device)
+    return host_blocks(run.run()), run.counts
 
 
 def _flat_groups(program: DistProgram, me: int) -> dict[tuple[str, ...], Group]:
@@ -122,15 +132,18 @@ def _flat_groups(program: DistProgram, me: int) -> dict[tuple[str, ...], Group]:
 
 
 def flat_job(
-    proc: int, common: tuple[DistProgram, tuple[int, int] | None], mine: RankBlocks
+    proc: int,
+    common: tuple[DistProgram, tuple[int, int] | None, RankDevice],
+    mine: RankBlocks,
 ) -> Any:
-    """A launched process's job (`torch_launch.Job`) for one rank of a flat program: its
-    blocks and `OpCounts`, or its `RankTiming` when `common` holds (steps, warmup)."""
-    program, timing = common
+    """A launched process's job (`torch_launch.Job`) for one rank of a flat program on a
+    device: its blocks and `OpCounts`, or its `RankTiming` when `common` holds (steps,
+    warmup)."""
+    program, timing, device = common
     me = process_ranks(program.mesh.ranks)[proc]
     if timing is None:
-        return run_rank_counted(program, me, mine)
-    return time_rank(program, me, mine, *timing)
+        return run_rank_counted(program, me, mine, device)
+    return time_rank(program, me, mine, *timing, device=device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,33 +166,39 @@ class RankTiming:
 
 
 def time_rank(
-    program: DistProgram, me: int, sources: RankBlocks, steps: int, warmup: int
+    program: DistProgram,
+    me: int,
+    sources: RankBlocks,
+    steps: int,
+    warmup: int,
+    device: RankDevice | None = None,
 ) -> RankTiming:
     """Run rank `me`'s program `warmup + steps` times (a barrier before each) and time its
     ops; the warm-up steps are dropped."""
-    run = RankRun(program, me, dict(sources), _flat_groups(program, me))
-    return time_steps(run, sources, steps, warmup)
+    run = RankRun(program, me, sources, _flat_groups(program, me), device=device)
+    return time_steps(run, steps, warmup)
 
 
 def time_steps(
     run: RankRun,
-    sources: RankBlocks,
     steps: int,
     warmup: int,
     end_step: Callable[[], None] | None = None,
 ) -> RankTiming:
     """Time `run` (a rank's program, its groups joined) for `warmup + steps` steps, each from
-    `sources`, after a barrier; `end_step`, when given, ends every step inside its wall time
-    (a pipeline rank waits for its sends). The warm-up steps are dropped."""
+    its sources, after a barrier; `end_step`, when given, ends every step inside its wall
+    time (a pipeline rank waits for its sends). The warm-up steps are dropped."""
     _, dist = torch_modules()
     kept: list[tuple[int, dict[int, tuple[int, int]]]] = []
     for n in range(warmup + steps):
-        run.blocks, run.pending, run.spans, run.issued = dict(sources), {}, {}, {}
+        run.blocks, run.pending, run.spans, run.issued = dict(run.sources), {}, {}, {}
+        run.device.synchronize()
         dist.barrier()
         run.t0 = time.perf_counter_ns()
         run.run()
         if end_step is not None:
             end_step()
+        run.device.synchronize()
         wall = time.perf_counter_ns() - run.t0
         if n >= warmup:
             kept.append((wall, run.spans))
@@ -212,20 +231,29 @@ def _timing(
 
 
 class RankRun:
-    """One rank's execution: its blocks, its groups, the collectives still in flight and,
-    per op index, its (start, end) wall clock in ns since `t0`."""
+    """One rank's execution on its device: its sources and blocks (tensors), its groups, the
+    collectives still in flight and, per op index, its (start, end) wall clock in ns since
+    `t0`."""
 
     def __init__(
         self,
         program: DistProgram,
         me: int,
-        blocks: RankBlocks,
+        sources: RankBlocks,
         groups: Mapping[tuple[str, ...], Group],
         p2p: PointToPoint | None = None,
+        device: RankDevice | None = None,
     ) -> None:
         self.program = program
         self.me = me
-        self.blocks = blocks
+        self.device = device or RankDevice()
+        self.where = self.device.current()  # the launcher bound this process's device
+        #: the sources on the device, in the precision they run in (every step starts here)
+        self.sources: Tensors = {
+            name: to_device(block, self.where, self._run_dtype(name))
+            for name, block in sources.items()
+        }
+        self.blocks: Tensors = dict(self.sources)
         self.groups = groups
         self.p2p = p2p
         self.pending: dict[int, tuple[Any, Finish]] = {}
@@ -235,7 +263,12 @@ class RankRun:
         self.counts = OpCounts()
         self.torch_impls = _torch_impls()
 
-    def run(self) -> RankBlocks:
+    def _run_dtype(self, value: str) -> str | None:
+        """The torch dtype a float value runs in on this rank (None: as it arrives)."""
+        ttype = self.program.types.get(value)
+        return None if ttype is None else self.device.run_dtype(ttype.dtype)
+
+    def run(self) -> Tensors:
         ops = self.program.ops
         preds = hz.predecessors(ops)
         for i, op in enumerate(ops):
@@ -247,6 +280,7 @@ class RankRun:
             if i in self.pending:
                 self.issued[i] = start
             else:
+                self.device.synchronize()
                 self.spans[i] = (start - self.t0, time.perf_counter_ns() - self.t0)
         for i in list(self.pending):
             self.complete(i)
@@ -261,6 +295,7 @@ class RankRun:
         if handle is not None:
             handle.wait()
         self._store(self.program.ops[i], finish())
+        self.device.synchronize()
         self.spans[i] = (self.issued.pop(i) - self.t0, time.perf_counter_ns() - self.t0)
 
     def issue(self, i: int, op: DistOp) -> None:
@@ -294,16 +329,25 @@ class RankRun:
         else:
             self._store(op, [self.p2p.recv(op)])
 
-    def _store(self, op: DistOp, outs: Sequence[Array]) -> None:
+    def _store(self, op: DistOp, outs: Sequence[Any]) -> None:
+        """Keep op's outputs (tensors, or a numpy kernel's arrays) as tensors on the device,
+        each float in the dtype it runs in."""
         if len(outs) != len(op.outputs):
             raise ExecutionError(
                 f"op {op.name!r} made {len(outs)} outputs, expected {len(op.outputs)}",
                 op=op.name,
             )
+        torch, _ = torch_modules()
         for v, x in zip(op.outputs, outs, strict=True):
-            self.blocks[v] = np.asarray(x)
+            dtype = self._run_dtype(v)
+            if not isinstance(x, torch.Tensor):
+                self.blocks[v] = to_device(x, self.where, dtype)
+            elif dtype is not None and x.is_floating_point():
+                self.blocks[v] = x.to(getattr(torch, dtype))
+            else:
+                self.blocks[v] = x
 
-    def read(self, op: DistOp, v: str) -> Array:
+    def read(self, op: DistOp, v: str) -> Any:
         block = self.blocks.get(v)
         if block is None:
             raise ExecutionError(
@@ -333,7 +377,7 @@ class RankRun:
             self.counts.torch += 1
             return self.torch_impls[form[0]](xs, form[1])
         self.counts.add_numpy(op)
-        out = KERNELS[op.kernel](op.kind, xs, dict(op.attrs), ctx)
+        out = KERNELS[op.kernel](op.kind, [to_host(x) for x in xs], dict(op.attrs), ctx)
         if isinstance(out, list):
             return out
         reply: Array | None = None
@@ -364,10 +408,7 @@ class RankRun:
         axes = tuple(a for a in self.program.mesh.axis_names if a in req.axes)
         if not axes:
             return np.array(req.data, copy=True)
-        handle, finish = all_reduce([req.data], req.op, self.groups[axes])
-        if handle is not None:
-            handle.wait()
-        return finish()[0]
+        return reduce_array(req.data, req.op, self.groups[axes], self.where)
 
     def communicate(self, op: DistOp) -> tuple[Any, Finish]:
         """Issue op's comm step on every input (async); its outputs come from the Finish."""

@@ -1,10 +1,12 @@
-"""Real ranks: run a DistProgram with one process per rank over torch.distributed (gloo, CPU).
+"""Real ranks: run a DistProgram with one process per rank over torch.distributed.
 
 What it is for: the simulated mesh (`runtime.simulated`) proves a program right with numpy
 collectives it computes itself; this backend runs the same per-rank program where every
 collective is a real `torch.distributed` call between processes, so `shardlab verify
 --backend torch` checks the program as a framework would run it. Pipelines (a mesh with a
-`pp` axis) run on it through `runtime.torch_pipeline`.
+`pp` axis) run on it through `runtime.torch_pipeline`. Ranks run on CPU over gloo or on
+GPUs over NCCL, in the verification's compute dtype or in the graph's own mixed precision
+(bf16 with fp32 masters): `runtime.torch_device.RankDevice`.
 
 `run_torchdist` has the contract of `run_simulated`: the same sources, split by the same
 seed (`runtime.distribute`), give every value's block on every rank (`Blocks`), so
@@ -12,12 +14,13 @@ seed (`runtime.distribute`), give every value's block on every rank (`Blocks`), 
 rank's local ops ran (`summary["torch_ops"]`: as torch ops, `runtime.torch_ops`, or as the
 numpy kernels). The backend is split by concern:
 
-- `runtime.torch_launch`: starting one process per rank (forkserver, a gloo group over a
+- `runtime.torch_launch`: starting one process per rank (forkserver, a group over a
   FileStore), or joining a torchrun job, and bringing every rank's result back;
+- `runtime.torch_device`: the device, its collective library and the precision;
 - `runtime.torch_rank`: one rank's run of its program in program order, and its timing
   (`run_rank`, `time_rank`, `RankTiming`);
-- `runtime.torch_comm`: the torch groups of the mesh axes and every comm step as a gloo
-  collective (async handles for the passes' async ops);
+- `runtime.torch_comm`: the torch groups of the mesh axes and every comm step as a torch
+  collective on the rank's device (async handles for the passes' async ops);
 - `runtime.torch_pipeline`: a pipeline's stages, with send/recv between their ranks.
 
 Under `torchrun` (RANK, WORLD_SIZE and MASTER_ADDR set) nothing is spawned: this process is
@@ -45,6 +48,7 @@ from shardlab.errors import ExecutionError, ShardlabError
 from shardlab.ops.base import Array
 from shardlab.program import DistProgram
 from shardlab.runtime.distribute import distribute
+from shardlab.runtime.torch_device import RankDevice
 from shardlab.runtime.torch_launch import BACKEND, run_job, spawn, torch_modules, under_torchrun
 from shardlab.runtime.torch_rank import (
     OpCounts,
@@ -82,18 +86,22 @@ def run_torchdist(
     compute_dtype: str | None = None,
     nproc: int | None = None,
     timeout_s: float = 300.0,
+    device: RankDevice | None = None,
 ) -> Blocks:
     """Every program value's block on every rank, each rank run by its own process.
 
     `seed` splits partial sources at random (as `run_simulated` does); `compute_dtype`, when
     given, casts floating sources first; `nproc`, when given, must equal the mesh size;
-    `timeout_s` bounds every collective (gloo's timeout).
+    `timeout_s` bounds every collective (the group's timeout); `device`: where and in which
+    precision the ranks run (default CPU, gloo, the sources' dtype).
     """
     torch_modules()
     _check_nproc(program, nproc)
     per_rank = split_sources(program, sources, seed, compute_dtype)
     ranks = process_ranks(program.mesh.ranks)
-    got = run_job(flat_job, (program, None), [per_rank[r] for r in ranks], timeout_s, ranks)
+    inputs = [per_rank[r] for r in ranks]
+    device = device or RankDevice()
+    got = run_job(flat_job, (program, None, device), inputs, timeout_s, ranks, device)
     blocks = TorchBlocks()
     for r, (theirs, _) in zip(ranks, got, strict=True):
         for name, block in theirs.items():
@@ -165,9 +173,10 @@ def time_torchdist(
     compute_dtype: str | None = None,
     nproc: int | None = None,
     timeout_s: float = 300.0,
+    device: RankDevice | None = None,
 ) -> dict[int, RankTiming]:
     """Every rank's timing of `steps` steps after `warmup` dropped ones, one process per rank
-    (spawned; not under torchrun)."""
+    (spawned; not under torchrun) on `device` (default CPU)."""
     torch_modules()
     if steps < 1 or warmup < 0:
         raise ExecutionError(
@@ -179,7 +188,9 @@ def time_torchdist(
     per_rank = split_sources(program, sources, seed, compute_dtype)
     ranks = process_ranks(program.mesh.ranks)
     inputs = [per_rank[r] for r in ranks]
-    got: list[RankTiming] = spawn(flat_job, (program, (steps, warmup)), inputs, timeout_s, ranks)
+    device = device or RankDevice()
+    job = (program, (steps, warmup), device)
+    got: list[RankTiming] = spawn(flat_job, job, inputs, timeout_s, ranks, device)
     return {t.rank: t for t in got}
 
 

@@ -34,7 +34,7 @@ from shardlab.passes.pipeline_schedule import PipelineOptions
 from shardlab.runtime.verify import VerifyReport, verify
 from shardlab.strategy import Strategy
 
-_DTYPE_BYTES = {"float64": 8, "float32": 4}
+_DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 4}  # bf16: its float32 reference
 #: The smallest head size a twin uses (rotary embeddings need an even size).
 _MIN_HEAD_DIM = 8
 _MIN_SEQ = 16

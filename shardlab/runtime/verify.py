@@ -28,6 +28,11 @@ Tolerances, with `(rtol, atol) = TOLERANCES[compute_dtype]`:
   arbitrary sign). A wrong update of a resolved gradient fails even at 1e-3 of the step:
   `rtol` applies to the step, not to `atol`. Their `max_rel` is relative to the reference's
   largest update of the tensor.
+
+Compute dtype "bfloat16" (torch backend only) runs the ranks in the graph's own mixed
+precision, bf16 with fp32 masters, on CPU or on GPUs (`device`), against a float32
+reference: values are compared normwise and the gradient tolerance of the update rule is
+relative to the tensor (`runtime.mixed_precision`).
 """
 
 from __future__ import annotations
@@ -39,19 +44,25 @@ from typing import Any
 import numpy as np
 
 from shardlab.errors import ExecutionError
-from shardlab.ir import Graph, Op, OpRole, ValueKind
+from shardlab.ir import Graph, Op, OpRole, TensorType, ValueKind
 from shardlab.ops import get_op
 from shardlab.ops.base import Array
 from shardlab.passes.pipeline_schedule import PipelineOptions
 from shardlab.plan import Plan, build_plan
+from shardlab.program import DistOp
 from shardlab.rebatch import model_at_batch, model_batch
+from shardlab.runtime import mixed_precision as mixed
 from shardlab.runtime.backends import run_backend
 from shardlab.runtime.reference import check_compute_dtype, run_reference, source_values
 from shardlab.runtime.simulated import global_view
 from shardlab.strategy import Strategy
 
-#: (rtol, atol) by compute dtype.
-TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (1e-5, 1e-5)}
+#: (rtol, atol) by compute dtype ("bfloat16": normwise, `runtime.mixed_precision`).
+TOLERANCES = {
+    "float64": (1e-10, 1e-10),
+    "float32": (1e-5, 1e-5),
+    mixed.MIXED_DTYPE: (mixed.MIXED_RTOL, 0.0),
+}
 #: Machine epsilon by compute dtype (the rounding of an optimizer's final subtraction).
 EPSILON = {"float64": float(np.finfo(np.float64).eps), "float32": float(np.finfo(np.float32).eps)}
 
@@ -102,6 +113,8 @@ class VerifyReport:
 
 
 def _compare(name: str, kind: str, got: np.ndarray, want: np.ndarray, dtype: str) -> TensorCheck:
+    if dtype == mixed.MIXED_DTYPE:
+        return TensorCheck(name, kind, *mixed.check_end_to_end(got, want))
     rtol, atol = TOLERANCES[dtype]
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
     max_abs = float(np.max(diff, initial=0.0))
@@ -135,7 +148,7 @@ def update_spread(op: Op, env: Mapping[str, Array], dtype: str) -> list[Array]:
     rtol, atol = TOLERANCES[dtype]
     args = [np.asarray(env[v], dtype=np.float64) for v in op.inputs]
     grad = args[GRAD_INPUT]
-    tau = atol + rtol * np.abs(grad)
+    tau = mixed.grad_tolerance(grad) if dtype == mixed.MIXED_DTYPE else atol + rtol * np.abs(grad)
     center = [np.asarray(y, dtype=np.float64) for y in impl(args, op.attrs)]
     spread = [np.zeros_like(y) for y in center]
     for moved_grad in (grad + tau, grad - tau):
@@ -148,14 +161,17 @@ def update_spread(op: Op, env: Mapping[str, Array], dtype: str) -> list[Array]:
 
 
 def _compare_update(
-    name: str, got: Array, want: Array, old: Array, spread: Array, dtype: str
+    name: str, got: Array, want: Array, old: Array, spread: Array, dtype: str, declared: str
 ) -> TensorCheck:
-    """An optimizer output: its update against the reference's, within `spread` (module doc)."""
+    """An optimizer output: its update against the reference's, within `spread` (module doc);
+    `declared`: the output's dtype in the graph (mixed precision rounds to it)."""
     rtol, _ = TOLERANCES[dtype]
+    mixed_run = dtype == mixed.MIXED_DTYPE
+    eps = 2 * mixed.rounding_eps(declared) if mixed_run else EPSILON[dtype]
     want64 = want.astype(np.float64)
     diff = np.abs(got.astype(np.float64) - want64)
     step = np.abs(want64 - old.astype(np.float64))
-    ok = bool(np.all(diff <= spread + rtol * step + 4 * EPSILON[dtype] * np.abs(want64)))
+    ok = bool(np.all(diff <= spread + rtol * step + 4 * eps * np.abs(want64)))
     max_abs = float(np.max(diff, initial=0.0))
     max_rel = max_abs / max(float(np.max(step, initial=0.0)), 1e-30)
     return TensorCheck(name, "param", max_abs, max_rel, ok)
@@ -175,7 +191,38 @@ def check_outputs(
     for j, name in enumerate(op.outputs):
         if name in got:
             old = env[op.inputs[inplace[j] if j < len(inplace) else 0]]
-            checks.append(_compare_update(name, got[name], env[name], old, spread[j], dtype))
+            declared = graph.value(name).type.dtype
+            checks.append(
+                _compare_update(name, got[name], env[name], old, spread[j], dtype, declared)
+            )
+    return checks
+
+
+def check_local(
+    graph: Graph, op: Op, inputs: list[Array], got: Mapping[str, Array]
+) -> list[TensorCheck]:
+    """Mixed precision: every output of serial op `op` in the run against `op` computed
+    exactly on the run's own inputs (`runtime.mixed_precision.check_local`)."""
+    types = [graph.value(n).type for n in op.outputs]
+    return check_local_op(graph, op, inputs, got, types)
+
+
+def check_local_op(
+    graph: Graph,
+    op: Op | DistOp,
+    inputs: list[Array],
+    got: Mapping[str, Array],
+    types: list[TensorType],
+) -> list[TensorCheck]:
+    """`check_local` of a serial op or of a compute op of a (stage) program, whose outputs
+    have `types`; a value `x#m` of micro-batch m is reported as `graph`'s `x` is."""
+    local = mixed.local_outputs(op, inputs, types)
+    checks = []
+    for n, want in zip(op.outputs, local, strict=True):
+        if n in got:
+            base = n.rpartition("#")[0] if "#" in n else n
+            kind = value_kind(graph, base) if base in graph.values else "activation"
+            checks.append(TensorCheck(n, kind, *mixed.check_local(got[n], want)))
     return checks
 
 
@@ -188,38 +235,61 @@ def verify(
     compute_dtype: str = "float64",
     seed: int = 0,
     backend: str = "simulated",
+    device: str = "cpu",
 ) -> VerifyReport:
     """Run one training step distributed and on one device; compare what matters.
 
     Pass a model graph and a strategy, or a `Plan` already built (then `optimizer` and `lr`
-    are the plan's). `backend` is one of `BACKENDS`.
+    are the plan's). `backend` is one of `BACKENDS`; `device` ("cpu" | "cuda") is where the
+    torch backend's ranks run; compute dtype "bfloat16" runs them in the graph's own mixed
+    precision (module doc).
     """
     if backend not in BACKENDS:
         raise ExecutionError(
             f"unknown verification backend {backend!r}; available: {', '.join(BACKENDS)}",
             backend=backend,
         )
-    check_compute_dtype(compute_dtype)
+    if compute_dtype != mixed.MIXED_DTYPE:
+        check_compute_dtype(compute_dtype)
     if isinstance(graph, Plan):
         plan = graph
     elif strategy is None:
         raise TypeError("verify(graph, strategy): a strategy is needed with a graph")
     elif PIPELINE_AXIS in strategy.mesh.axis_names:
-        return _verify_pipelined(graph, strategy, optimizer, lr, compute_dtype, seed, backend)
+        return _verify_pipelined(
+            graph, strategy, optimizer, lr, compute_dtype, seed, backend, device
+        )
     else:
         plan = build_plan(graph, strategy, optimizer=optimizer, lr=lr)
     tg, program = plan.training, plan.program
-    env = run_reference(tg, seed=seed, compute_dtype=compute_dtype)
-    blocks = run_backend(backend, program, {v.name: env[v.name] for v in source_values(tg)}, seed)
+    env = reference_env(tg, seed, compute_dtype, backend)
+    sources = {v.name: env[v.name] for v in source_values(tg)}
+    blocks = run_backend(backend, program, sources, seed, device=device,
+                         precision=precision_of(compute_dtype))  # fmt: skip
     checks: list[TensorCheck] = []
     first: str | None = None
+    views: dict[str, Array] = {}
+
+    def view(name: str) -> Array:
+        if name not in views:
+            views[name] = global_view(program, blocks, program.values[name])
+        return views[name]
+
     for op in tg.ops:
-        got = {n: global_view(program, blocks, program.values[n]) for n in op.outputs}
-        for check in check_outputs(tg, op, env, got, compute_dtype):
+        got = {n: view(n) for n in op.outputs}
+        if compute_dtype == mixed.MIXED_DTYPE:
+            op_checks = check_local(tg, op, [view(v) for v in op.inputs], got)
+        else:
+            op_checks = check_outputs(tg, op, env, got, compute_dtype)
+        for check in op_checks:
             if not check.ok and first is None:
                 first = op.name
             if check.kind != "activation" or not check.ok:
                 checks.append(check)
+    if compute_dtype == mixed.MIXED_DTYPE:  # the whole step: its loss against float32's
+        name = str(tg.meta.get("loss", tg.outputs[0]))
+        checks.insert(0, _compare(name, "loss", view(name), env[name], compute_dtype))
+        first = first or (None if checks[0].ok else name)
     ok = first is None
     summary = {
         "ops": len(tg.ops),
@@ -233,6 +303,22 @@ def verify(
 
 #: The mesh axis that pipelines (`passes.pipeline`).
 PIPELINE_AXIS = "pp"
+
+
+def reference_env(graph: Graph, seed: int, compute_dtype: str, backend: str) -> dict[str, Array]:
+    """The single-device reference of a verification in `compute_dtype` on `backend`: in
+    that dtype, or for "bfloat16" in float32 from sources rounded to their declared dtypes
+    (`runtime.mixed_precision`, which also refuses what cannot run mixed)."""
+    if compute_dtype != mixed.MIXED_DTYPE:
+        return run_reference(graph, seed=seed, compute_dtype=compute_dtype)
+    mixed.check_mixed(graph, backend)
+    return mixed.reference_env(graph, seed)
+
+
+def precision_of(compute_dtype: str) -> str:
+    """The precision the torch backend's ranks run in for `compute_dtype`
+    (`runtime.torch_device`: "graph" for bfloat16, else "compute")."""
+    return "graph" if compute_dtype == mixed.MIXED_DTYPE else "compute"
 
 
 def micro_builder(graph: Graph) -> Callable[[int], Graph]:
@@ -251,6 +337,7 @@ def _verify_pipelined(
     compute_dtype: str,
     seed: int,
     backend: str,
+    device: str,
 ) -> VerifyReport:
     """`verify` of a strategy with a `pp` axis: the pipeline its option `pipeline` says."""
     from shardlab.runtime.pipeline_exec import verify_pipeline  # it imports this module
@@ -271,4 +358,5 @@ def _verify_pipelined(
         seed=seed,
         axis=PIPELINE_AXIS,
         backend=backend,
+        device=device,
     )

@@ -66,6 +66,7 @@ def test_a_torch_verification_stores_its_requirement(
         ({"backend": "torch", "nproc": 2}, "nproc"),  # the mesh has 4 ranks
         ({"nproc": 4}, "nproc"),  # simulated runs every rank in one process
         ({"device": "cuda"}, "device"),  # cuda needs the torch backend
+        ({"compute_dtype": "bfloat16"}, "compute_dtype"),  # mixed precision runs real ranks
     ],
 )
 def test_a_run_that_cannot_be_is_refused_naming_the_field(

@@ -7,9 +7,7 @@ broken kernel reaches the ranks through the rank setup hook (`torch_faults.py`).
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -45,16 +43,6 @@ LLAMA = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "voca
 ONE_F_ONE_B = {"schedule": "1f1b", "microbatches": 2}
 INTERLEAVED = {"schedule": "interleaved", "microbatches": 2, "virtual_stages": 2}
 SP = ["megatron_tp", "sequence_parallel"]
-
-
-def _faults() -> ModuleType:
-    """`torch_faults.py` beside this file (tests are not a package)."""
-    path = Path(__file__).with_name("torch_faults.py")
-    spec = importlib.util.spec_from_file_location("torch_faults", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _strategy(mesh: str, templates: list[str], pipeline: dict[str, Any] | None) -> Strategy:
@@ -171,9 +159,8 @@ def test_tied_replicas_are_equal_on_torch_ranks_after_a_step(
 
 
 def test_a_broken_kernel_fails_at_the_same_op_as_on_the_simulated_mesh(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, faults: ModuleType
 ) -> None:
-    faults = _faults()
     graph = build_model("llama3-8b", LLAMA)
     strategy = Strategy.build("tp=2", ["megatron_tp"])
     monkeypatch.setitem(
@@ -188,8 +175,10 @@ def test_a_broken_kernel_fails_at_the_same_op_as_on_the_simulated_mesh(
     assert report.first_divergence == simulated.first_divergence == first.name
 
 
-def test_a_broken_kernel_fails_a_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SETUP_ENV, _faults().SETUP)
+def test_a_broken_kernel_fails_a_pipeline(
+    monkeypatch: pytest.MonkeyPatch, faults: ModuleType
+) -> None:
+    monkeypatch.setenv(SETUP_ENV, faults.SETUP)
     report = verify(build_model("llama3-8b", LLAMA), _strategy("pp=2", [], ONE_F_ONE_B),
                     backend="torch")  # fmt: skip
     assert not report.ok

@@ -6,7 +6,6 @@ later runs take a few seconds each.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from dataclasses import replace
@@ -58,16 +57,6 @@ def test_small_llama_step_on_torch_ranks(mesh: str, templates: list[str], option
         assert any(op.kind == "wait" for op in plan.program.ops)
 
 
-def _faults() -> ModuleType:
-    """`torch_faults.py` beside this file (tests are not a package)."""
-    path = Path(__file__).with_name("torch_faults.py")
-    spec = importlib.util.spec_from_file_location("torch_faults", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_local_compute_runs_as_torch_ops() -> None:
     plan = build_plan(build_model("llama3-8b", LLAMA), Strategy.build("tp=2", ["megatron_tp"]),
                       optimizer="adamw")  # fmt: skip
@@ -83,10 +72,12 @@ def test_local_compute_runs_as_torch_ops() -> None:
     assert not {"linear", "matmul", "rms_norm", "adamw"} & set(counts["numpy_kinds"])
 
 
-def test_a_broken_torch_op_fails_verification_at_that_op(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_torch_op_fails_verification_at_that_op(
+    monkeypatch: pytest.MonkeyPatch, faults: ModuleType
+) -> None:
     graph = build_model("llama3-8b", LLAMA)
     strategy = Strategy.build("tp=2", ["megatron_tp"])
-    monkeypatch.setenv(SETUP_ENV, _faults().SETUP_TORCH)
+    monkeypatch.setenv(SETUP_ENV, faults.SETUP_TORCH)
     report = verify(graph, strategy, backend="torch")
     assert not report.ok
     first = next(op for op in build_plan(graph, strategy).training.ops if op.kind == "linear")
