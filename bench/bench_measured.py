@@ -5,8 +5,9 @@ What it is for: the cost model's end-to-end check on hardware we have. `shardlab
 (2 and 4: ranks share the cores, so a rank of a 4-rank run is a slower device than one of a
 2-rank run); then tiny GPT-2 and Llama plans - dp, megatron_tp, megatron_tp +
 sequence_parallel, fsdp, zero2 and a 1F1B pipeline (pp=2; pp=2 x dp=2 on 4 ranks) - are
-built against that profile and their step measured (`runtime.measure`: gloo ranks, numpy
-kernels, median of the kept steps of the slowest rank).
+built against that profile and their step measured (`runtime.measure`: gloo ranks, torch
+ops, median of the kept steps of the slowest rank; every case in `ROUNDS` rounds, its
+median round kept: this machine is shared, and a slow burst should cost one round).
 Error % = (predicted - measured) / measured. The goal (issue 20): median |error| within 10%,
 none beyond 25%. Nothing is fitted per plan; the profile is the only input from the machine.
 
@@ -28,9 +29,9 @@ from pathlib import Path
 
 from bench.common import Section
 from shardlab.models import build_model
-from shardlab.plan import build_plan
+from shardlab.plan import Plan, build_plan
 from shardlab.runtime.calibrate import THREAD_VARS, calibrate, write
-from shardlab.runtime.measure import compare, measure
+from shardlab.runtime.measure import Measurement, compare, measure
 from shardlab.strategy import Strategy
 
 TITLE = "Measured: predicted vs measured step on local gloo ranks (calibrated profile)"
@@ -38,6 +39,8 @@ HEADER = ["plan", "ranks", "predicted step", "measured step", "error", "worst op
 RANKS = (2, 4)
 MICROBATCHES = 4
 STEPS, WARMUP = 5, 1
+#: rounds over every case, each case's median round kept (`measure_rounds`)
+ROUNDS = 3
 GPT2 = {"layers": 2, "hidden": 256, "heads": 4, "ffn": 1024, "vocab": 512, "seq": 64,
         "batch": 8, "dtype": "float32"}  # fmt: skip
 LLAMA = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "vocab": 512,
@@ -93,11 +96,25 @@ class Result:
         return self.predicted_s / self.measured_s - 1
 
 
-def run_case(case: Case, n: int, cluster: Path) -> Result:
-    """Build the plan against the calibrated profile, measure it, compare the step."""
+def build_case(case: Case, n: int, cluster: Path) -> Plan:
+    """The case's plan on `n` ranks, built against the calibrated profile."""
     graph = build_model(case.model, case.overrides())
-    plan = build_plan(graph, case.strategy(n), cluster=str(cluster))
-    got = measure(plan, steps=STEPS, warmup=WARMUP, dtype="float32")
+    return build_plan(graph, case.strategy(n), cluster=str(cluster))
+
+
+def measure_rounds(plans: list[Plan]) -> list[Measurement]:
+    """Every plan measured in `ROUNDS` rounds over all of them; per plan, the round whose
+    step (slowest rank's median) is the median (a shared machine's slow seconds cost one
+    round, not the comparison)."""
+    tried: list[list[Measurement]] = [[] for _ in plans]
+    for _ in range(ROUNDS):
+        for plan, got in zip(plans, tried, strict=True):
+            got.append(measure(plan, steps=STEPS, warmup=WARMUP, dtype="float32"))
+    return [sorted(got, key=lambda m: m.step_max)[(ROUNDS - 1) // 2] for got in tried]
+
+
+def result_of(case: Case, n: int, plan: Plan, got: Measurement) -> Result:
+    """The case's predicted against measured step, and its worst op kind."""
     rows = compare(plan, got)
     step = next(r for r in rows if r.group == "step")
     kinds = [r for r in rows if r.group == "kind" and r.measured_s > 0.02 * step.measured_s]
@@ -130,8 +147,9 @@ def run() -> Section:
                 + ", ".join(f"{k} x{v:.2f}" for k, v in c.comm_scale.items())
                 + f", op overhead {c.op_overhead * 1e6:.1f} us"
             )
-            for case in CASES:
-                results.append(run_case(case, n, path))
+            plans = [build_case(case, n, path) for case in CASES]
+            for case, plan, got in zip(CASES, plans, measure_rounds(plans), strict=True):
+                results.append(result_of(case, n, plan, got))
     section = Section(TITLE, HEADER)
     for r in results:
         section.rows.append([r.case.label, str(r.ranks), f"{r.predicted_s * 1e3:.1f} ms",
@@ -151,7 +169,8 @@ def run() -> Section:
         "once against each alone, 20 = they take turns): " + "; ".join(profiles) + ".",
         "",
         f"Models: `gpt2` with {GPT2} and `llama3-8b` with {LLAMA}; optimizer AdamW; "
-        f"{STEPS} steps measured after {WARMUP} warm-up, median step of the slowest rank. "
+        f"{STEPS} steps measured after {WARMUP} warm-up, median step of the slowest rank, "
+        f"in {ROUNDS} rounds over all cases, each case's median round kept. "
         "Worst op kind: the kind (of those above 2% of the step) whose summed predicted "
         "time is furthest from its measured time (async collectives' measured spans include "
         f"waiting behind compute). Pipelines: 1F1B, {MICROBATCHES} micro-batches.",

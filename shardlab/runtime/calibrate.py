@@ -1,13 +1,15 @@
 """`shardlab calibrate`: measure this machine's torch-backend ranks and write a Cluster file.
 
 What it is for: the `cpu-local` preset holds rough guesses; a calibrated profile holds what
-`nproc` gloo ranks running numpy kernels on this machine actually reach, so `shardlab plan
+`nproc` gloo ranks running torch ops on this machine actually reach, so `shardlab plan
 --cluster my.json` and `shardlab measure --cluster my.json` predict from measurements.
 
 `calibrate` measures (`runtime.calibrate_measure`: matmuls and elementwise adds against size,
 the four collectives against message and group size, compute under a collective), fits
 (`runtime.calibrate_fit`), then runs one-layer reference plans (`REFERENCE_STEPS` on the
-`REFERENCE` models) on the torch backend and fits what only a training step shows:
+`REFERENCE` models) on the torch backend, in `REFERENCE_ROUNDS` rounds whose median each
+reference keeps (a shared machine's slow seconds cost a round, not the fit), and fits what
+only a training step shows:
 
 - the data-parallel GPT-2 and Llama layers' (next to) no-work ops give `launch_overhead`
   (the backend's per-op time) and every other compute kind's `kernel_scale` is its
@@ -98,8 +100,11 @@ REFERENCE_STEPS = (
     RefStep("llama zero2", 1, "dp", ("dp", "zero2")),
     RefStep("llama fsdp", 1, "dp", ("fsdp",)),
 )
-#: steps timed per reference (after one warm-up), quick and full
-REFERENCE_STEPS_TIMED = (12, 20)
+#: steps timed per reference and round (after one warm-up), quick and full
+REFERENCE_STEPS_TIMED = (6, 10)
+#: rounds over every reference step, each reference's median round kept: a shared machine
+#: slows everything for seconds at a time, and a burst should cost one round, not the fit
+REFERENCE_ROUNDS = 3
 #: op_overhead (s) at which the model's step is first differenced (then at the fitted one)
 PROBE_OVERHEAD_S = 1e-4
 #: roofline seconds under which an op counts as doing no work (its time is the backend's)
@@ -161,22 +166,35 @@ class RefRun:
         return self.got.step_time(self.slowest)
 
 
-def run_references(cluster: Cluster, nproc: int, dtype: str, steps: int) -> list[RefRun]:
+def run_references(
+    cluster: Cluster, nproc: int, dtype: str, steps: int, rounds: int = REFERENCE_ROUNDS
+) -> list[RefRun]:
     """Build every `REFERENCE_STEPS` plan on `nproc` ranks against `cluster` and time it on
-    the torch backend (`steps` kept after one warm-up)."""
+    the torch backend (`steps` kept after one warm-up), in `rounds` rounds over all of
+    them; each reference keeps its round of median step time (`median_run`)."""
     from shardlab.models import build_model
     from shardlab.plan import build_plan
     from shardlab.runtime.measure import measure
     from shardlab.strategy import Strategy
 
-    runs = []
+    plans = []
     for ref in REFERENCE_STEPS:
         model, overrides = REFERENCE[ref.model]
         graph = build_model(model, {**overrides, "dtype": dtype})
         strategy = Strategy.build(f"{ref.axis}={nproc}", list(ref.templates), [], {})
-        plan = build_plan(graph, strategy, cluster=cluster)
-        runs.append(RefRun(ref, plan, measure(plan, steps=steps, warmup=1, dtype=dtype)))
-    return runs
+        plans.append(build_plan(graph, strategy, cluster=cluster))
+    tried: list[list[RefRun]] = [[] for _ in plans]
+    for _ in range(rounds):
+        for ref, plan, runs in zip(REFERENCE_STEPS, plans, tried, strict=True):
+            runs.append(RefRun(ref, plan, measure(plan, steps=steps, warmup=1, dtype=dtype)))
+    return [median_run(runs) for runs in tried]
+
+
+def median_run(runs: list[RefRun]) -> RefRun:
+    """The run whose (slowest rank's median) step is the median of `runs` (the lower of the
+    two middle ones for an even count)."""
+    ordered = sorted(runs, key=lambda r: r.measured_s)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSample], float | None]:
@@ -259,8 +277,8 @@ def describe(m: Measurements, quick: bool) -> str:
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Calibrated on {platform.node() or 'this machine'} ({os.cpu_count()} cores) at "
-        f"{when}{' (quick)' if quick else ''}: {m.nproc} torch-backend ranks (gloo, numpy "
-        f"kernels) in {m.dtype}, measured at once. peak_flops x matmul_efficiency: square "
+        f"{when}{' (quick)' if quick else ''}: {m.nproc} torch-backend ranks (gloo, torch "
+        f"ops) in {m.dtype}, measured at once. peak_flops x matmul_efficiency: square "
         "matmuls against size; hbm_bandwidth x memory_efficiency: "
         "elementwise adds against length; intra_node (= inter_node, one node): all_reduce, "
         "all_gather, reduce_scatter and all_to_all against message size and group size "

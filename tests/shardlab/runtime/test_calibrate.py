@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -15,7 +16,7 @@ from shardlab.cost.clusters import Cluster, Link, load_cluster
 from shardlab.cost.comm import factor, ring_time, steps
 from shardlab.cost.compute import roofline_time
 from shardlab.errors import ClusterError
-from shardlab.runtime.calibrate import side_file
+from shardlab.runtime.calibrate import median_run, side_file
 from shardlab.runtime.calibrate_fit import (
     MAX_SLOWDOWN,
     MIN_ROOFLINE_S,
@@ -245,3 +246,10 @@ def test_quick_calibration_writes_a_profile_plan_accepts(tmp_path: Path) -> None
     plan = runner.invoke(app, args)
     assert plan.exit_code == 0, plan.output
     assert "here" in plan.output
+
+
+def test_a_reference_keeps_its_median_round() -> None:
+    """A burst of load slows one round; the reference keeps the median one."""
+    runs = [SimpleNamespace(measured_s=t) for t in (0.030, 0.090, 0.031)]
+    assert median_run(runs).measured_s == 0.031  # type: ignore[arg-type]
+    assert median_run(runs[:2]).measured_s == 0.030  # type: ignore[arg-type]
