@@ -53,7 +53,9 @@ _REQUIRED = (
     "matmul_efficiency",
     "memory_efficiency",
 )
-_OPTIONAL = ("description", "source", "kernel_scale", "comm_scale", "op_overhead")
+_OPTIONAL = (
+    "description", "source", "kernel_scale", "kernel_overhead", "comm_scale", "op_overhead",
+)  # fmt: skip
 #: collective kinds `comm_scale` may name (`shardlab.cost.comm` prices them)
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv")
 
@@ -100,6 +102,10 @@ class Cluster:
     #: per op kind, a factor on its roofline time (a calibrated device's kernels that run
     #: slower or faster than the roofline says); kinds not named keep 1
     kernel_scale: dict[str, float] = field(default_factory=dict, hash=False)
+    #: per op kind, seconds each op of the kind costs beside its scaled roofline time (a
+    #: calibrated backend's fixed cost of the kind's kernel: its temporaries and passes,
+    #: whatever the op's size); kinds not named add 0
+    kernel_overhead: dict[str, float] = field(default_factory=dict, hash=False)
     #: per collective kind (`COMM_KINDS`), a factor on its ring time: what a calibrated
     #: backend's collectives cost inside a training step against the same ones timed alone
     #: (ranks arriving apart, the collective's threads sharing the cores); kinds not named
@@ -134,6 +140,7 @@ class Cluster:
             "matmul_efficiency": check.fraction("matmul_efficiency", self.matmul_efficiency),
             "memory_efficiency": check.fraction("memory_efficiency", self.memory_efficiency),
             "kernel_scale": check.scales(self.kernel_scale),
+            "kernel_overhead": check.overheads(self.kernel_overhead),
             "comm_scale": check.comm_scales(self.comm_scale),
             "op_overhead": check.number("op_overhead", self.op_overhead, zero=True),
         }
@@ -174,6 +181,7 @@ class Cluster:
             "matmul_efficiency": self.matmul_efficiency,
             "memory_efficiency": self.memory_efficiency,
             **({"kernel_scale": dict(self.kernel_scale)} if self.kernel_scale else {}),
+            **({"kernel_overhead": dict(self.kernel_overhead)} if self.kernel_overhead else {}),
             **({"comm_scale": dict(self.comm_scale)} if self.comm_scale else {}),
             **({"op_overhead": self.op_overhead} if self.op_overhead else {}),
         }
@@ -275,6 +283,11 @@ class _Checker:
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
             raise self.error("kernel_scale", "must be an object of op kind -> factor", value)
         return {k: self.number(f"kernel_scale.{k}", v) for k, v in value.items()}
+
+    def overheads(self, value: object) -> dict[str, float]:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise self.error("kernel_overhead", "must be an object of op kind -> seconds", value)
+        return {k: self.number(f"kernel_overhead.{k}", v, zero=True) for k, v in value.items()}
 
     def comm_scales(self, value: object) -> dict[str, float]:
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):

@@ -22,9 +22,11 @@ The model, per op on one device (`roofline_time`):
 - an op that neither computes nor moves bytes (a reshape: a view) takes no time at all.
 
 A calibrated cluster's `kernel_scale` multiplies `max(...)` of the kinds it names (a CPU's
-numpy kernels run some kinds far from the roofline: einsum attention, many-pass optimizers),
-and its `op_overhead` (seconds a backend spends running any op beside its kernel) is added to
-every compute op of a program, views and waits included (`program_op_times`; 0 on presets).
+kernels run some kinds far from the roofline: einsum attention, many-pass optimizers), its
+`kernel_overhead` adds a kind's fixed seconds per op (the part of a kernel's time that does
+not grow with its size), and its `op_overhead` (seconds a backend spends running any op
+beside its kernel) is added to every compute op of a program, views and waits included
+(`program_op_times`; 0 on presets).
 A `CalibrationTable` of measured (kind, flops, bytes, seconds) overrides the roofline for the
 kinds it holds (see `CalibrationTable.seconds`). Communication kinds are costed elsewhere.
 """
@@ -169,10 +171,13 @@ def roofline_time(kind: str, flops: int, bytes_: int, dtype: str, device: Comput
     if flops > 0:
         compute = flops / (peak_for(device, dtype) * efficiency(kind, flops, dtype, device))
     memory = bytes_ / (device.hbm_bandwidth * device.memory_efficiency)
-    # a calibrated device's per-kind factor (`Cluster.kernel_scale`; presets have none)
+    # a calibrated device's per-kind factor and fixed cost (`Cluster.kernel_scale`,
+    # `Cluster.kernel_overhead`; presets have neither)
     scale = getattr(device, "kernel_scale", None)
     factor = scale.get(kind, 1.0) if scale else 1.0
-    return max(compute, memory) * factor + device.launch_overhead
+    fixed = getattr(device, "kernel_overhead", None)
+    extra = fixed.get(kind, 0.0) if fixed else 0.0
+    return max(compute, memory) * factor + extra + device.launch_overhead
 
 
 def compute_time(

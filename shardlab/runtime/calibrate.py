@@ -12,8 +12,9 @@ reference keeps (a shared machine's slow seconds cost a round, not the fit), and
 only a training step shows:
 
 - the data-parallel GPT-2 and Llama layers' (next to) no-work ops give `launch_overhead`
-  (the backend's per-op time) and every other compute kind's `kernel_scale` is its
-  measured / roofline time (`kernel_samples`);
+  (the backend's per-op time) and every other compute kind's `kernel_scale` and
+  `kernel_overhead` its measured time against its roofline, op by op (`kernel_samples`,
+  `calibrate_fit.kernel_fits`);
 - every reference's collectives (all_reduce in dp and tp, all_gather and reduce_scatter in
   tp + sequence parallel, ZeRO-2 and FSDP), timed inside the step from issue to wait, give
   `comm_scale` per kind against the isolated link (`step_collectives`);
@@ -203,8 +204,8 @@ def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSam
 
     The floor is the median measured seconds of the ops that do (next to) no work: views
     and ops whose roofline is under `FLOOR_WORK_S` - the backend's own per-op time. Each
-    kind's sample holds its ops' summed roofline seconds on `cluster` (launch overhead left
-    out) and their summed measured seconds less one floor per op."""
+    kind's sample holds its ops' roofline seconds on `cluster` (launch overhead left out)
+    and their measured seconds less one floor per op, summed and op by op."""
     from shardlab.runtime.measure import is_comm
 
     launch = cluster.launch_overhead
@@ -219,14 +220,15 @@ def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSam
             timed.append((op.kind, work, seen[op.name]))
     idle = [t for _, work, t in timed if work < FLOOR_WORK_S]
     floor = statistics.median(idle) if idle else None
-    sums: dict[str, list[float]] = {}
+    points: dict[str, list[tuple[float, float]]] = {}
     for kind, work, t in timed:
         if work > 0:
-            acc = sums.setdefault(kind, [0.0, 0.0, 0.0])
-            acc[0] += 1
-            acc[1] += work
-            acc[2] += max(0.0, t - (floor if floor is not None else launch))
-    samples = [KernelSample(k, int(v[0]), v[1], v[2]) for k, v in sorted(sums.items())]
+            beyond = max(0.0, t - (floor if floor is not None else launch))
+            points.setdefault(kind, []).append((work, beyond))
+    samples = [
+        KernelSample(k, len(p), sum(w for w, _ in p), sum(m for _, m in p), tuple(p))
+        for k, p in sorted(points.items())
+    ]
     return samples, floor
 
 
@@ -283,8 +285,9 @@ def describe(m: Measurements, quick: bool) -> str:
         "elementwise adds against length; intra_node (= inter_node, one node): all_reduce, "
         "all_gather, reduce_scatter and all_to_all against message size and group size "
         "(alpha-beta fit); overlap_slowdown: a matmul under an all_reduce; launch_overhead "
-        "(the backend's per-op time) and kernel_scale (per op kind, measured / roofline "
-        "time): one-layer GPT-2 and Llama reference plans run data parallel on the torch "
+        "(the backend's per-op time), kernel_scale and kernel_overhead (per op kind, "
+        "measured = overhead + scale x roofline, fitted op by op): one-layer GPT-2 and "
+        "Llama reference plans run data parallel on the torch "
         "backend; comm_scale (per collective kind, in-step / isolated time): the "
         "collectives of one-layer dp, tp, tp + sequence parallel, ZeRO-2 and FSDP reference "
         "steps; op_overhead (seconds per op beside its kernel): those steps' measured time "
@@ -355,9 +358,11 @@ def report_lines(cal: Calibration) -> list[str]:
         lines.append(_row(label, st.measured_s, f"{st.ops} ops", fitted.get(label)))
     flops = ", ".join(f"{d} {v / 1e9:.1f}" for d, v in c.peak_flops.items())
     for ks in m.kernels:
-        scale = c.kernel_scale.get(ks.kind)
-        lines.append(f"kernel {ks.kind:<27} {ks.measured_s * 1e6:>9.1f} us {ks.ops:>5} ops "
-                     f"x{scale:.2f}" if scale else f"kernel {ks.kind:<27} (too small)")  # fmt: skip
+        scale, fixed = c.kernel_scale.get(ks.kind), c.kernel_overhead.get(ks.kind)
+        plus = f" + {fixed * 1e6:.1f} us per op" if fixed else ""
+        head = f"kernel {ks.kind:<27}"
+        lines.append(f"{head} {ks.measured_s * 1e6:>9.1f} us {ks.ops:>5} ops x{scale:.2f}{plus}"
+                     if scale else f"{head} (too small)")  # fmt: skip
     lines += [
         "",
         f"peak_flops (GFLOP/s): {flops}; matmul_efficiency {c.matmul_efficiency:.3f}",

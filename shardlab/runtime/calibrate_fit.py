@@ -15,10 +15,12 @@ relative error (every sample counts alike, whatever its size):
   was measured: `Measurements.op_floor_s`);
 - collectives (`cost.comm.ring_time`): t = latency x steps(kind, n) + factor(kind, n) x S /
   bandwidth over every kind and group size at once (the alpha-beta fit of one Link);
-- kernels: `kernel_scale[kind]` = measured / roofline seconds of the kind's ops in reference
-  plans run by the torch backend (numpy kernels make temporaries and passes the roofline does
-  not count; einsum attention does not reach the BLAS rate), for kinds whose ops the
-  roofline gives at least `MIN_ROOFLINE_S` in all;
+- kernels: per kind, measured = `kernel_overhead` + `kernel_scale` x roofline seconds, fitted
+  through the kind's ops in reference plans run by the torch backend (kernels make
+  temporaries and passes the roofline does not count, and small ones cost a fixed time
+  whatever their size: a pure factor fitted on one size mispredicts another); kinds whose
+  ops span too few sizes keep the ratio of the sums as their scale and no overhead; kinds
+  whose ops the roofline gives under `MIN_ROOFLINE_S` in all get neither;
 - overlap: `overlap_slowdown` is the timeline's own figure (compute runs 1 + s times slower
   while a collective is in flight) solved for the contention sample: compute of t_m
   seconds alone and a collective of t_c alone took T at once, so t_c / (1 + s) = t_m + t_c
@@ -59,6 +61,8 @@ from shardlab.runtime.calibrate_measure import (
 MAX_SLOWDOWN = 20.0
 #: a kind's summed roofline seconds below this give it no kernel_scale (too small to read)
 MIN_ROOFLINE_S = 2e-6
+#: a kind's ops must span this ratio of roofline times for a fixed cost to be fitted
+MIN_SPAN = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +214,27 @@ def kernel_scales(samples: Sequence[KernelSample]) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
+def kernel_fits(samples: Sequence[KernelSample]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per op kind, (`kernel_scale`, `kernel_overhead`): the line measured = overhead +
+    scale x roofline through the kind's ops (`fit_line`, relative error), where its ops'
+    roofline times span at least `MIN_SPAN` (a fixed cost and a rate can be told apart);
+    else the ratio of the sums (`kernel_scales`) and no overhead. A kind whose ops do not
+    grow with their size keeps the ratio too."""
+    scales, overheads = kernel_scales(samples), {}
+    for k in samples:
+        if k.kind not in scales:
+            continue
+        pts = [(w, m) for w, m in k.points if w > 0 and m > 0]
+        if len(pts) < 2 or max(w for w, _ in pts) < MIN_SPAN * min(w for w, _ in pts):
+            continue
+        try:
+            line = fit_line([w for w, _ in pts], [m for _, m in pts])
+        except ExecutionError:
+            continue
+        scales[k.kind], overheads[k.kind] = line.slope, line.intercept
+    return scales, {k: v for k, v in sorted(overheads.items()) if v > 0}
+
+
 def bus_bandwidth(s: CommSample) -> float:
     """nccl-tests' bus bandwidth of a sample: S / t x factor(kind, n)."""
     return s.size / s.seconds * factor(s.kind, s.ranks)
@@ -275,8 +300,10 @@ def cluster_of(fit: Fit, m: Measurements, name: str, description: str, hbm_bytes
     link = fit.link or Link(main.hbm_bandwidth, 0.0)
     comm_scale, _ = fit_comm_scales(link, m.step_comm)
     op_overhead, _ = fit_op_overhead(m.steps)
+    scales, fixed = kernel_fits(m.kernels)
     return Cluster(
-        kernel_scale=kernel_scales(m.kernels),
+        kernel_scale=scales,
+        kernel_overhead=fixed,
         name=name,
         nodes=1,
         devices_per_node=m.nproc,

@@ -104,12 +104,20 @@ class CommSample:
 @dataclass(frozen=True, slots=True)
 class KernelSample:
     """One op kind of a reference plan run by the torch backend: its summed roofline seconds
-    (launch overhead left out) and summed measured seconds on the slowest rank."""
+    (launch overhead left out) and summed measured seconds on the slowest rank, and per op
+    (`points`) its (roofline, measured) seconds."""
 
     kind: str
     ops: int
     roofline_s: float
     measured_s: float
+    points: tuple[tuple[float, float], ...] = ()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KernelSample:
+        points = tuple((float(r), float(m)) for r, m in data.get("points", ()))
+        return cls(str(data["kind"]), int(data["ops"]), float(data["roofline_s"]),
+                   float(data["measured_s"]), points)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +179,7 @@ class Measurements:
             [ComputeSample(**s) for s in data["compute"]],
             [CommSample(**s) for s in data["comm"]],
             (float(overlap[0]), float(overlap[1])) if overlap else None,
-            [KernelSample(**k) for k in data.get("kernels", [])],
+            [KernelSample.from_json(k) for k in data.get("kernels", [])],
             data.get("op_floor_s"),
             [CommSample(**s) for s in data.get("step_comm", [])],
             [StepSample(**s) for s in data.get("steps", [])],

@@ -28,6 +28,7 @@ from shardlab.runtime.calibrate_fit import (
     fit_matmul,
     fit_memory,
     fit_op_overhead,
+    kernel_fits,
     kernel_scales,
     overlap_slowdown,
 )
@@ -65,7 +66,10 @@ def collectives(nproc: int = 4) -> list[CommSample]:
 
 
 def synthetic(nproc: int = 4) -> Measurements:
-    kernels = [KernelSample("attention_grad", 2, 1e-3, 5e-2), KernelSample("neg", 1, 1e-8, 1e-5)]
+    # attention_grad's two ops span too few sizes for a fixed cost: its scale is the ratio
+    points = ((4e-4, 2e-2), (6e-4, 3e-2))
+    kernels = [KernelSample("attention_grad", 2, 1e-3, 5e-2, points),
+               KernelSample("neg", 1, 1e-8, 1e-5)]  # fmt: skip
     return Measurements(nproc, "float32", matmuls() + adds(), collectives(nproc), (1e-3, 1.25e-3),
                         kernels)  # fmt: skip
 
@@ -253,3 +257,30 @@ def test_a_reference_keeps_its_median_round() -> None:
     runs = [SimpleNamespace(measured_s=t) for t in (0.030, 0.090, 0.031)]
     assert median_run(runs).measured_s == 0.031  # type: ignore[arg-type]
     assert median_run(runs[:2]).measured_s == 0.030  # type: ignore[arg-type]
+
+
+def test_a_kinds_fixed_cost_and_rate_are_told_apart() -> None:
+    """Ops of one kind at several sizes: measured = 40 us + 2 x roofline is recovered; a kind
+    measured at one size only keeps the ratio of its sums."""
+    sizes = [1e-5, 4e-5, 1.6e-4, 6.4e-4]
+    adamw = [(w, 40e-6 + 2.0 * w) for w in sizes]
+    silu = [(5e-5, 3e-4), (5e-5, 3e-4)]
+    samples = [
+        KernelSample("adamw", 4, sum(sizes), sum(m for _, m in adamw), tuple(adamw)),
+        KernelSample("silu", 2, 1e-4, 6e-4, tuple(silu)),
+    ]
+    scales, fixed = kernel_fits(samples)
+    assert scales["adamw"] == pytest.approx(2.0) and fixed["adamw"] == pytest.approx(40e-6)
+    assert scales["silu"] == pytest.approx(6.0) and "silu" not in fixed
+    # the fit transfers to sizes it never saw; the ratio of the sums does not
+    for w in (1e-6, 1e-2):
+        assert fixed["adamw"] + scales["adamw"] * w == pytest.approx(40e-6 + 2.0 * w)
+    ratio = kernel_scales(samples)["adamw"]
+    assert ratio * 1e-6 < 0.1 * (40e-6 + 2e-6) and ratio * 1e-2 > 1.05 * (40e-6 + 2e-2)
+    gpu = load_cluster("h100-sxm-8x8")
+    cluster = Cluster.from_json({**gpu.to_json(), "kernel_overhead": fixed})
+    assert cluster.kernel_overhead == fixed and "kernel_overhead" not in gpu.to_json()
+    got = roofline_time("adamw", 0, 10**6, "float32", cluster)
+    assert got == pytest.approx(roofline_time("adamw", 0, 10**6, "float32", gpu) + 40e-6)
+    with pytest.raises(ClusterError, match=r"kernel_overhead\.adamw"):
+        Cluster.from_json({**gpu.to_json(), "kernel_overhead": {"adamw": -1}})
