@@ -130,6 +130,15 @@ class RankDevice:
         return _GRAPH_FLOATS.get(declared)
 
 
+def bind_torch(namespace: dict[str, Any]) -> None:
+    """Bind `torch` in a module's globals on first use: the torch backend's op modules keep
+    the engine torch-free until a rank computes (`torch_ops.load_torch`)."""
+    if "torch" not in namespace:
+        import torch
+
+        namespace["torch"] = torch
+
+
 def to_device(block: Array, where: Any, dtype: str | None = None) -> Any:
     """A numpy block as a tensor on torch device `where` (no copy on CPU where possible),
     cast to torch dtype `dtype` when given and the block is a float."""

@@ -9,12 +9,17 @@ formulas in the same order, the same broadcasting, the same errors for bad indic
 `tests/shardlab/runtime/test_torch_ops.py` checks every kind against the numpy
 implementation in float64 and float32.
 
-Kinds left out run their numpy kernel: `dropout` / `dropout_grad` (a uint64 hash mask),
-`pack` / `unpack` (buffers whose blocks depend on the rank), kinds without inputs (`fill`,
-`rope_cache`), `opaque` and the sync ops.
+Attention and the masked softmax live in `runtime.torch_attention`, dropout (the same
+SplitMix64 hash of the global element index, bit for bit) in `runtime.torch_dropout`; both
+register here. `unpack` cuts the buffer as numpy does
+(the rank's `block_shapes` come from the kernel, `runtime.torch_kernels.local_attrs`); kinds
+without inputs (`fill`, `rope_cache`) make their tensors on the CPU, the rank moves them.
+The rank-aware kernels (`runtime.kernels`) have torch versions in `runtime.torch_kernels`,
+built on those modules' helpers. Kinds left out run their numpy kernel: `opaque` and the sync ops.
 
 Torch stays lazy, as everywhere in the engine: importing this module does not import it;
-the first `run_tensors` does (`_load_torch`), in the torch backend's rank processes.
+the first `run_tensors` does (`load_torch`), in the torch backend's rank processes; code that
+calls the helpers directly (`runtime.torch_kernels`) calls `load_torch` first.
 """
 
 from __future__ import annotations
@@ -26,11 +31,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardlab.errors import ExecutionError
+from shardlab.errors import ExecutionError, OpSignatureError
 from shardlab.ir import FLOAT_DTYPES
 from shardlab.ops.base import Array, Attrs
 from shardlab.ops.reduce import reduce_dims
+from shardlab.ops.rope import _cache_attrs
 from shardlab.ops.shape import _slice_args, _split_args
+from shardlab.runtime import torch_attention, torch_dropout
+from shardlab.runtime.torch_attention import ATTENTION_IMPLS
+from shardlab.runtime.torch_device import bind_torch
+from shardlab.runtime.torch_dropout import DROPOUT_IMPLS
 
 if TYPE_CHECKING:
     import torch
@@ -40,10 +50,12 @@ if TYPE_CHECKING:
 TorchFn = Callable[["Sequence[Tensor]", Attrs], "list[Tensor]"]
 
 
-def _load_torch() -> None:
-    """Bind this module's `torch` (the functions below use it) on first use."""
-    global torch
-    import torch
+def load_torch() -> None:
+    """Bind `torch` in this module and in the kinds' modules it registers (the functions
+    use it) on first use."""
+    bind_torch(globals())
+    torch_attention.load_torch()
+    torch_dropout.load_torch()
 
 
 def _sigmoid(x: Tensor) -> Tensor:
@@ -142,30 +154,6 @@ def _log_softmax(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     return [z - torch.log(total)]
 
 
-def _causal_above(x: Tensor, offset: int = 0) -> Tensor:
-    """True above diagonal `1 + offset` of the [rows, cols] grid of `x`'s last two dims
-    (keys after the query), on `x`'s device."""
-    rows, cols = x.shape[-2:]
-    mask = torch.ones(rows, cols, dtype=torch.bool, device=x.device)
-    return torch.triu(mask, diagonal=1 + offset)
-
-
-def _masked_softmax(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
-    x = xs[0]
-    z = x * float(attrs.get("scale", 1.0))
-    if attrs.get("causal", False):
-        z = z.masked_fill(_causal_above(x), -math.inf)
-    z = z - torch.amax(z, dim=-1, keepdim=True)
-    e = torch.exp(z)
-    return [e / torch.sum(e, dim=-1, keepdim=True)]
-
-
-def _masked_softmax_grad(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
-    y, dy = xs
-    dot = torch.sum(dy * y, dim=-1, keepdim=True)
-    return [float(attrs.get("scale", 1.0)) * y * (dy - dot)]
-
-
 def _layer_norm(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     x, weight, bias = xs
     centered = x - torch.mean(x, dim=-1, keepdim=True)
@@ -203,48 +191,6 @@ def _rms_norm_grad(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     g = dy * w
     dx = rstd * g - x * rstd**3 * torch.mean(g * x, dim=-1, keepdim=True)
     return [dx, torch.sum(dy * x * rstd, dim=_lead(x))]
-
-
-def _scale_of(q: Tensor, attrs: Attrs) -> float:
-    scale = attrs.get("scale")
-    return 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-
-
-def _attention(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
-    """Grouped-query attention, [B, S, H, D] layout (ops/attention.py)."""
-    q, k, v = xs
-    group = q.shape[2] // k.shape[2]
-    k = torch.repeat_interleave(k, group, dim=2)  # query head h reads kv head h // group
-    v = torch.repeat_interleave(v, group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * _scale_of(q, attrs)
-    if attrs.get("causal", True):
-        scores = scores.masked_fill(_causal_above(scores), -math.inf)
-    weights = torch.exp(scores - torch.amax(scores, dim=-1, keepdim=True))
-    weights = weights / torch.sum(weights, dim=-1, keepdim=True)
-    return [torch.einsum("bhqk,bkhd->bqhd", weights, v)]
-
-
-def _attention_grad(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
-    """dq, dk, dv of grouped-query attention (ops/autodiff_ops.attention_backward)."""
-    q, k, v, dy = xs
-    group = q.shape[2] // k.shape[2]
-    kr = torch.repeat_interleave(k, group, dim=2)
-    vr = torch.repeat_interleave(v, group, dim=2)
-    scale = _scale_of(q, attrs)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, kr) * scale
-    if attrs.get("causal", True):
-        s = s.masked_fill(_causal_above(s), -math.inf)
-    p = torch.exp(s - torch.amax(s, dim=-1, keepdim=True))
-    p = p / torch.sum(p, dim=-1, keepdim=True)
-    dvr = torch.einsum("bhqk,bqhd->bkhd", p, dy)
-    dp = torch.einsum("bqhd,bkhd->bhqk", dy, vr)
-    ds = p * (dp - torch.sum(dp * p, dim=-1, keepdim=True)) * scale
-    dq = torch.einsum("bhqk,bkhd->bqhd", ds, kr)
-    dkr = torch.einsum("bhqk,bqhd->bkhd", ds, q)
-    b, skv, hkv = k.shape[:3]
-    dk = dkr.reshape(b, skv, hkv, group, -1).sum(dim=3)
-    dv = dvr.reshape(b, skv, hkv, group, -1).sum(dim=3)
-    return [dq, dk, dv]
 
 
 def _check_indices(kind: str, what: str, ids: Tensor, bound: int, of: str) -> None:
@@ -362,6 +308,34 @@ def _rotary(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     return [torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)]
 
 
+def _unpack(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
+    """The buffer cut into `shapes`, or `block_shapes` when it is a rank's shorter block."""
+    buf = xs[0].reshape(-1)
+    shapes = [tuple(s) for s in attrs["shapes"]]
+    if buf.numel() != sum(math.prod(s) for s in shapes):
+        shapes = [tuple(s) for s in attrs.get("block_shapes", shapes)]
+    if buf.numel() != sum(math.prod(s) for s in shapes):
+        raise OpSignatureError(
+            f"unpack: a buffer of {buf.numel()} elements fits neither 'shapes' nor 'block_shapes'"
+        )
+    pieces = torch.split(buf, [math.prod(s) for s in shapes])
+    return [piece.reshape(s).clone() for piece, s in zip(pieces, shapes, strict=True)]
+
+
+def _rope_cache(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
+    """cos, sin tables in float64 (ops/rope.py), on the CPU."""
+    seq, head_dim, theta = _cache_attrs(attrs)
+    inv_freq = theta ** (-2.0 * torch.arange(head_dim // 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
+    return [torch.cos(angles), torch.sin(angles)]
+
+
+def _fill(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
+    """A float64 tensor of attr shape, on the CPU (the numpy implementation's np.full)."""
+    shape = tuple(int(d) for d in attrs["shape"])
+    return [torch.full(shape, float(attrs["value"]), dtype=torch.float64)]
+
+
 def _sgd(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     p, g = xs
     g = g + float(attrs.get("weight_decay", 0.0)) * p
@@ -399,14 +373,10 @@ TORCH_IMPLS: dict[str, TorchFn] = {
     **{kind: _act_grad(fn) for kind, fn in _ACT_GRAD.items()},
     "softmax": _softmax,
     "log_softmax": _log_softmax,
-    "masked_softmax": _masked_softmax,
-    "masked_softmax_grad": _masked_softmax_grad,
     "layer_norm": _layer_norm,
     "rms_norm": _rms_norm,
     "layer_norm_grad": _layer_norm_grad,
     "rms_norm_grad": _rms_norm_grad,
-    "scaled_dot_product_attention": _attention,
-    "attention_grad": _attention_grad,
     "rotary_embedding": _rotary,
     "embedding": _embedding,
     "embedding_grad": _embedding_grad,
@@ -426,8 +396,14 @@ TORCH_IMPLS: dict[str, TorchFn] = {
     "max": _reduction("max"),
     "max_grad": _max_grad,
     "main_grad": lambda xs, attrs: [xs[0].clone()],
+    "pack": lambda xs, attrs: [torch.cat([x.reshape(-1) for x in xs])],
+    "unpack": _unpack,
+    "fill": _fill,
+    "rope_cache": _rope_cache,
     "sgd": _sgd,
     "adamw": _adamw,
+    **ATTENTION_IMPLS,
+    **DROPOUT_IMPLS,
 }
 
 
@@ -447,8 +423,7 @@ def run_torch(kind: str, xs: Sequence[Array], attrs: Attrs) -> list[Array]:
     """`TORCH_IMPLS[kind]` on numpy blocks (`run_tensors` on each wrapped by
     `torch.from_numpy`: no copy, once C-contiguous and writable), each output handed back
     as `.numpy()` (no copy)."""
-    if "torch" not in globals():
-        _load_torch()
+    load_torch()
     tensors = [torch.from_numpy(_wrappable(np.asarray(x))) for x in xs]
     return [y.numpy() for y in run_tensors(kind, tensors, attrs)]
 
@@ -460,8 +435,7 @@ def run_tensors(kind: str, xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     bfloat16 activation and a float32 master) are first cast to their common dtype, as
     numpy's promotion would compute them: torch's matmul, einsum and index_add do not
     promote. `UPCAST_KINDS` compute 16-bit inputs in float32."""
-    if "torch" not in globals():
-        _load_torch()
+    load_torch()
     floats = {x.dtype for x in xs if x.is_floating_point()}
     if len(floats) > 1:
         common = next(iter(floats))

@@ -13,9 +13,14 @@ run, with the process group already joined (`runtime.torch_launch`).
 - compute ops whose rule asks for the `default` kernel (the op's own implementation on the
   local blocks), `reshape_local` or `shape_attr_local` (the same with a local `shape`) run
   as torch ops when their kind has one (`runtime.torch_ops.TORCH_IMPLS`, on the device);
-  the others run their rule's numpy kernel (`runtime.kernels`) on host copies of the
-  blocks, and a kernel's mid-op `CollectiveRequest` is a blocking `all_reduce` over the
-  group of its axes. Each run counts its compute ops by where they ran (`OpCounts`);
+  so do the rank-aware kernels that have a torch version (`runtime.torch_kernels`: the
+  vocab-parallel embedding and loss, the offset attentions, dropout by global index,
+  `global_mean`, `replicated` without Partial outputs). The others (`opaque`, a
+  `replicated` kind with a Partial output) run their rule's numpy kernel
+  (`runtime.kernels`) on host copies of the blocks. A kernel's mid-op `CollectiveRequest`
+  is a blocking `all_reduce` over the group of its axes: on the device for a torch
+  kernel's tensor, through the host for a numpy kernel's array. Each run counts its compute
+  ops by where they ran (`OpCounts`);
 - comm steps on a mesh axis run over the rank's torch group along that axis
   (`runtime.torch_comm`);
 - an async op (`hazards.is_async`: any op on a `comm:*` stream) is issued with
@@ -55,8 +60,17 @@ from shardlab.program import DistOp, DistProgram
 from shardlab.reshard import CommStep
 from shardlab.runtime import hazards as hz
 from shardlab.runtime.kernels import KERNELS, CollectiveRequest, LocalContext
-from shardlab.runtime.torch_comm import Finish, Group, Sizes, make_groups, reduce_array, start_step
+from shardlab.runtime.torch_comm import (
+    Finish,
+    Group,
+    Sizes,
+    all_reduce,
+    make_groups,
+    reduce_array,
+    start_step,
+)
 from shardlab.runtime.torch_device import RankDevice, to_device, to_host
+from shardlab.runtime.torch_kernels import drive, local_attrs, torch_kernel, widen
 from shardlab.runtime.torch_launch import BACKEND, torch_modules
 
 #: One rank's blocks as they travel between processes: value name -> array.
@@ -359,9 +373,10 @@ class RankRun:
             )
         return block
 
-    def compute(self, op: DistOp) -> list[Array]:
-        """The op as a torch op where it can run as one (`torch_form`), else its rule's
-        numpy kernel on this rank's blocks, whose mid-op collectives go to torch."""
+    def compute(self, op: DistOp) -> list[Any]:
+        """The op as a torch op where it can run as one (`torch_form`), or its rule's torch
+        kernel (`torch_kernels.torch_kernel`), else its rule's numpy kernel on host copies of
+        this rank's blocks; mid-op collectives go to torch (`reduce_request`)."""
         p = self.program
         ctx = LocalContext(
             p.mesh,
@@ -373,42 +388,52 @@ class RankRun:
         )
         xs = [self.read(op, v) for v in op.inputs]
         form = self.torch_form(op, ctx)
-        if form is not None:
+        kernel = None if form is not None else torch_kernel(op.kind, op.kernel, ctx)
+        if form is not None or kernel is not None:
             self.counts.torch += 1
-            return self.torch_impls[form[0]](xs, form[1])
+            if form is not None:
+                outs = self.torch_impls[form[0]](xs, form[1])
+            else:
+                assert kernel is not None
+                outs = drive(kernel(op.kind, widen(xs), dict(op.attrs), ctx), self.reduce_request)
+            # an op without inputs (fill, rope_cache) made its tensors on the CPU
+            return outs if op.inputs else [y.to(self.where) for y in outs]
         self.counts.add_numpy(op)
         out = KERNELS[op.kernel](op.kind, [to_host(x) for x in xs], dict(op.attrs), ctx)
-        if isinstance(out, list):
-            return out
-        reply: Array | None = None
-        while True:
-            try:
-                request = next(out) if reply is None else out.send(reply)
-            except StopIteration as stop:
-                return list(stop.value)
-            reply = self.reduce_request(request)
+        return drive(out, self.reduce_request)
 
     def torch_form(self, op: DistOp, ctx: LocalContext) -> tuple[str, Mapping[str, Any]] | None:
         """(torch kind, attrs) that compute `op` on this rank's blocks, or None: the kind's
         own torch op for the `default` kernel; a reshape to the local shape for
         `reshape_local`, the kind's with its `shape` attr made local for `shape_attr_local`
-        (`runtime.kernels`). Other kernels need the numpy kernel's knowledge of the rank."""
+        (`runtime.kernels`; `unpack`'s `block_shapes` made local, `torch_kernels.local_attrs`).
+        Other kernels know where the rank's blocks sit (`torch_kernels`)."""
         if op.kernel == "reshape_local":
             return "reshape", {"shape": list(ctx.output_shape(0))}
         if op.kind not in self.torch_impls:
             return None
         if op.kernel == "default":
-            return op.kind, op.attrs
+            return op.kind, local_attrs(op.kind, op.attrs, ctx)
         if op.kernel == "shape_attr_local":
             return op.kind, {**op.attrs, "shape": list(ctx.output_shape(0))}
         return None
 
-    def reduce_request(self, req: CollectiveRequest) -> Array:
-        """A kernel's request reduced over its axes (a blocking all_reduce)."""
+    def reduce_request(self, req: CollectiveRequest) -> Any:
+        """A kernel's request reduced over its axes (a blocking all_reduce): a torch
+        kernel's tensor on the device, a numpy kernel's array through the host."""
         axes = tuple(a for a in self.program.mesh.axis_names if a in req.axes)
+        torch, _ = torch_modules()
+        data: Any = req.data
+        if not isinstance(data, torch.Tensor):
+            if not axes:
+                return np.array(data, copy=True)
+            return reduce_array(data, req.op, self.groups[axes], self.where)
         if not axes:
-            return np.array(req.data, copy=True)
-        return reduce_array(req.data, req.op, self.groups[axes], self.where)
+            return data.clone()
+        handle, finish = all_reduce([data], req.op, self.groups[axes])
+        if handle is not None:
+            handle.wait()
+        return finish()[0]
 
     def communicate(self, op: DistOp) -> tuple[Any, Finish]:
         """Issue op's comm step on every input (async); its outputs come from the Finish."""

@@ -65,11 +65,10 @@ def test_local_compute_runs_as_torch_ops() -> None:
     counts = report.summary["torch_ops"]
     compute = [op for op in plan.program.ops if op.comm is None and op.kind not in SYNC]
     assert counts["torch"] + counts["numpy"] == 2 * len(compute)  # every rank's compute ops
-    assert counts["torch"] > 0.8 * (counts["torch"] + counts["numpy"])
     assert [row["rank"] for row in counts["per_rank"]] == [0, 1]
-    # the vocab-parallel embedding and loss keep their rule's numpy kernels
-    assert "embedding/embedding_vocab_parallel" in counts["numpy_kinds"]
-    assert not {"linear", "matmul", "rms_norm", "adamw"} & set(counts["numpy_kinds"])
+    # the rank-aware kernels (vocab-parallel embedding and loss, ...) run their torch versions
+    assert "embedding_vocab_parallel" in {op.kernel for op in compute}
+    assert counts["numpy"] == 0 and counts["numpy_kinds"] == []
 
 
 def test_a_broken_torch_op_fails_verification_at_that_op(
