@@ -89,13 +89,13 @@ class LineFit:
         return self.intercept + self.slope * x
 
 
-def fit_line(xs: Sequence[float], ys: Sequence[float]) -> LineFit:
-    """Least squares on (fit - y) / y with intercept >= 0 (else through the origin) and
-    slope > 0."""
+def fit_line(xs: Sequence[float], ys: Sequence[float], relative: bool = True) -> LineFit:
+    """Least squares on (fit - y) / y (`relative`; else on fit - y: the largest samples
+    weigh most) with intercept >= 0 (else through the origin) and slope > 0."""
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     if len(x) < 2 or np.any(y <= 0):
         raise ExecutionError(f"a line fit needs 2 or more positive samples, got {len(x)}")
-    w = 1.0 / y
+    w = 1.0 / y if relative else np.ones_like(y)
     (a, b), *_ = np.linalg.lstsq(np.stack([w, x * w], axis=1), y * w, rcond=None)
     if a < 0:
         a, b = 0.0, float(np.sum(x * w * w * y) / np.sum((x * w) ** 2))
@@ -216,8 +216,10 @@ def kernel_scales(samples: Sequence[KernelSample]) -> dict[str, float]:
 
 def kernel_fits(samples: Sequence[KernelSample]) -> tuple[dict[str, float], dict[str, float]]:
     """Per op kind, (`kernel_scale`, `kernel_overhead`): the line measured = overhead +
-    scale x roofline through the kind's ops (`fit_line`, relative error), where its ops'
-    roofline times span at least `MIN_SPAN` (a fixed cost and a rate can be told apart);
+    scale x roofline through the kind's ops (`fit_line` on absolute error: the step sums
+    the kind's times, and its largest ops decide the rate that larger models extrapolate),
+    where its ops' roofline times span at least `MIN_SPAN` (a fixed cost and a rate can be
+    told apart);
     else the ratio of the sums (`kernel_scales`) and no overhead. A kind whose ops do not
     grow with their size keeps the ratio too."""
     scales, overheads = kernel_scales(samples), {}
@@ -228,7 +230,7 @@ def kernel_fits(samples: Sequence[KernelSample]) -> tuple[dict[str, float], dict
         if len(pts) < 2 or max(w for w, _ in pts) < MIN_SPAN * min(w for w, _ in pts):
             continue
         try:
-            line = fit_line([w for w, _ in pts], [m for _, m in pts])
+            line = fit_line([w for w, _ in pts], [m for _, m in pts], relative=False)
         except ExecutionError:
             continue
         scales[k.kind], overheads[k.kind] = line.slope, line.intercept

@@ -23,7 +23,8 @@ imports.
 
 Threads: a rank stands for one device, and the ranks share this machine's cores, so each
 computes with a one-thread BLAS / OpenMP (`RANK_THREADS`: n ranks each running a threaded
-BLAS oversubscribe the cores, and a busy machine makes that many times slower), unless the
+BLAS oversubscribe the cores, and a busy machine makes that many times slower), and keeps
+freed memory for its next op's temporaries (`RANK_MALLOC`: glibc's thresholds), unless the
 caller's environment sets those variables itself.
 
 Rank setup hook: when the environment variable `SHARDLAB_TORCH_RANK_SETUP` holds
@@ -68,6 +69,15 @@ _PRELOAD = [
 
 #: Thread counts a rank starts with (where the caller's environment does not set them).
 RANK_THREADS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: glibc malloc settings a rank starts with (where the caller's environment does not set
+#: them): keep freed blocks of up to 32 MiB in the heap instead of returning them to the
+#: kernel, so an op's temporaries reuse memory already mapped, not fresh pages that fault
+#: on first touch (steps about a third faster; what jemalloc / tcmalloc do for CPU torch)
+RANK_MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(64 << 30),
+    "MALLOC_TOP_PAD_": str(256 << 20),
+}
 
 #: A rank's job: (process index, input common to all, this process's input) -> result.
 Job = Callable[[int, Any, Any], Any]
@@ -180,9 +190,11 @@ def start_method() -> str:
 
 @contextmanager
 def rank_environment() -> Iterator[None]:
-    """`RANK_THREADS` in this process's environment while ranks (or the forkserver they
-    fork from, started with the first run) are started; the caller's values win."""
-    added = {k: v for k, v in RANK_THREADS.items() if k not in os.environ}
+    """`RANK_THREADS` and `RANK_MALLOC` in this process's environment while ranks (or the
+    forkserver they fork from, started with the first run) are started; the caller's
+    values win."""
+    wanted = {**RANK_THREADS, **RANK_MALLOC}
+    added = {k: v for k, v in wanted.items() if k not in os.environ}
     os.environ.update(added)
     try:
         yield
