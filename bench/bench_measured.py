@@ -1,8 +1,9 @@
 """Predicted against measured steps on real ranks, with a profile calibrated on this machine.
 
 What it is for: the cost model's end-to-end check on hardware we have. `shardlab calibrate`
-(`runtime.calibrate`, quick) measures this machine's torch-backend ranks once per rank count
-(2 and 4: ranks share the cores, so a rank of a 4-rank run is a slower device than one of a
+(`runtime.calibrate`, full sizes and repeats: a quick profile moved whole halves of the
+table by 20% from run to run) measures this machine's torch-backend ranks once per rank
+count (2 and 4: ranks share the cores, so a rank of a 4-rank run is a slower device than one of a
 2-rank run); then tiny GPT-2 and Llama plans - dp, megatron_tp, megatron_tp +
 sequence_parallel, fsdp, zero2 and a 1F1B pipeline (pp=2; pp=2 x dp=2 on 4 ranks) - are
 built against that profile and their step measured (`runtime.measure`: gloo ranks, torch
@@ -135,7 +136,7 @@ def run() -> Section:
     profiles: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-measured-") as tmp:
         for n in RANKS:
-            cal = calibrate(n, "float32", quick=True, name=f"bench-local-{n}")
+            cal = calibrate(n, "float32", quick=False, name=f"bench-local-{n}")
             path, _ = write(cal, Path(tmp) / f"local-{n}.json")
             c = cal.cluster
             profiles.append(
@@ -162,7 +163,7 @@ def run() -> Section:
         f"({worst.case.label}, {worst.ranks} ranks); {sum(e > 0.25 for e in errors)} of "
         f"{len(errors)} beyond 25%.** Goal: median within 10%, none beyond 25%.",
         "",
-        "Profiles (`shardlab calibrate --quick --nproc N`, one per rank count; in-step "
+        "Profiles (`shardlab calibrate --nproc N`, one per rank count; in-step "
         "collectives: `comm_scale`, each kind's time inside one-layer reference steps over "
         "its isolated ring time; op overhead: `op_overhead`, the reference steps' measured "
         "time beyond the model's per op; overlap slowdown: a collective and compute at "

@@ -1,7 +1,7 @@
 """Calibration measurements: what this machine's torch-backend ranks achieve, raw.
 
 What it is for: `shardlab calibrate` (`runtime.calibrate`) fits a `Cluster` to these samples.
-The "device" of the torch backend is one CPU process running numpy kernels, and its "links"
+The "device" of the torch backend is one CPU process running torch ops, and its "links"
 are gloo collectives between local processes, so everything is measured the way
 `runtime.torchdist` runs a plan: `nproc` processes at once (they share the cores and the
 memory bus, as a plan's ranks do), spawned with `torch.multiprocessing` and joined in one
@@ -9,12 +9,15 @@ gloo group over a FileStore.
 
 Every rank, in lockstep (a barrier before every sample):
 
-- matmul: `a @ b` of square float matrices of several sizes (FLOPs 2 n^3);
-- elementwise: `a + b` into a new array of several lengths (bytes 3 x n x itemsize);
+- matmul: `torch.matmul(a, b)` of square float matrices of several sizes (FLOPs 2 n^3):
+  torch's BLAS, the one the ranks compute with (numpy's may be another library, at another
+  rate);
+- elementwise: `torch.add(a, b)` into a new tensor of several lengths (bytes 3 x n x
+  itemsize);
 - collectives, on the first n ranks for every group size n in 2..nproc: all_reduce,
   all_gather, reduce_scatter and all_to_all of several message sizes S (the nccl-tests size:
   the buffer, the gathered output, the input before scattering, each rank's buffer), each
-  timed from the numpy block's copy into a torch tensor to the numpy result (as the backend
+  timed from the block's copy into a flat tensor to the result (as the backend
   runs them);
 - overlap: the matmul of the middle size alone, then while an all_reduce is in flight;
 - contention: an all_reduce of 4 MiB alone, as many of those matmuls as take about as long
@@ -49,6 +52,8 @@ from shardlab.runtime.torch_launch import rank_environment, start_method
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: all_reduces of 4 MiB the overlap measurement runs matmuls under
+#: paired rounds of the contention sample (matmuls, all_reduce, both)
+CONTENTION_RUNS = 25
 OVERLAP_ALL_REDUCES = 8
 #: most calls one timed run loops over
 MAX_CALLS = 1000
@@ -293,18 +298,28 @@ class _Runner:
             runs.append((time.perf_counter() - t0) / per_run)
         return float(statistics.median(runs))
 
+    def tensor(self, shape: tuple[int, ...], dt: np.dtype[Any]) -> Any:
+        """Random tensor of `shape` in numpy dtype `dt`: the rank computes with torch ops, as
+        the torch backend's ranks do (`runtime.torch_ops`), so their library's rates are
+        the ones measured."""
+        import torch
+
+        return torch.from_numpy(self.rng.random(shape).astype(dt))
+
     def compute(self) -> dict[str, Any]:
+        import torch
+
         out: list[dict[str, Any]] = []
         dtypes = [self.dtype] + ([np.dtype("float32")] if self.dtype != np.float32 else [])
         for dt in dtypes:
             for n in self.sizes.matmul:
-                a, b = self.rng.random((n, n)).astype(dt), self.rng.random((n, n)).astype(dt)
-                secs = self.timed(functools.partial(np.matmul, a, b))
+                a, b = self.tensor((n, n), dt), self.tensor((n, n), dt)
+                secs = self.timed(functools.partial(torch.matmul, a, b))
                 out.append(asdict(ComputeSample("matmul", dt.name, n, 2 * n**3,
                                                 3 * n * n * dt.itemsize, secs)))  # fmt: skip
         for n in self.sizes.elementwise:
-            a, b = self.rng.random(n).astype(self.dtype), self.rng.random(n).astype(self.dtype)
-            secs = self.timed(functools.partial(np.add, a, b))
+            a, b = self.tensor((n,), self.dtype), self.tensor((n,), self.dtype)
+            secs = self.timed(functools.partial(torch.add, a, b))
             out.append(asdict(ComputeSample("elementwise", self.dtype.name, n, n,
                                             3 * n * self.dtype.itemsize, secs)))  # fmt: skip
         return {"compute": out}
@@ -329,7 +344,7 @@ class _Runner:
         import torch.distributed as dist
 
         n = self.sizes.matmul[len(self.sizes.matmul) // 2]
-        a = self.rng.random((n, n)).astype(self.dtype)
+        a = self.tensor((n, n), self.dtype)
         alone = self.timed(lambda: a @ a)
         buf = torch.zeros((1 << 22) // self.dtype.itemsize, dtype=_torch_dtype(self.dtype))
         times: list[float] = []
@@ -346,12 +361,15 @@ class _Runner:
 
     def contention(self, group: Any) -> tuple[float, float, float]:
         """Seconds of k matmuls alone, of one all_reduce of 4 MiB alone, and of both at
-        once (k: as many matmuls as the all_reduce takes); medians of `repeats` runs."""
+        once (k: as many matmuls as the all_reduce takes): medians of `CONTENTION_RUNS`
+        rounds, each timing the three one after another (paired, so that the machine's
+        load drifts alike for all three: the overlap they imply is a small difference of
+        large times, and five unpaired runs had put the fitted slowdown anywhere in 1..20)."""
         import torch
         import torch.distributed as dist
 
         n = self.sizes.matmul[len(self.sizes.matmul) // 2]
-        a = self.rng.random((n, n)).astype(self.dtype)
+        a = self.tensor((n, n), self.dtype)
         buf = torch.zeros((1 << 22) // self.dtype.itemsize, dtype=_torch_dtype(self.dtype))
         comm = self.timed(lambda: dist.all_reduce(buf, group=group), group)
         one = self.timed(lambda: a @ a)
@@ -359,19 +377,27 @@ class _Runner:
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)  # as many on every rank
         k = int(count.item())
 
-        def both() -> None:
-            handle = dist.all_reduce(buf, group=group, async_op=True)
+        def matmuls() -> None:
             for _ in range(k):
                 a @ a
+
+        def both() -> None:
+            handle = dist.all_reduce(buf, group=group, async_op=True)
+            matmuls()
             handle.wait()
 
-        runs = []
-        for _ in range(self.sizes.repeats):
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            both()
-            runs.append(time.perf_counter() - t0)
-        return k * one, comm, float(statistics.median(runs))
+        def collective() -> None:
+            dist.all_reduce(buf, group=group)
+
+        runs: list[list[float]] = [[], [], []]
+        for _ in range(CONTENTION_RUNS):
+            for fn, seen in zip((matmuls, collective, both), runs, strict=True):
+                dist.barrier(group=group)
+                t0 = time.perf_counter()
+                fn()
+                seen.append(time.perf_counter() - t0)
+        compute, alone, together = (float(statistics.median(r)) for r in runs)
+        return compute, alone, together
 
 
 def _torch_dtype(dt: np.dtype[Any]) -> Any:
