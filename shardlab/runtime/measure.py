@@ -30,7 +30,7 @@ from shardlab.plan import Plan
 from shardlab.program import DistOp, DistProgram
 from shardlab.repeats import layer_of
 from shardlab.runtime import hazards as hz
-from shardlab.runtime.mixed_precision import MIXED_DTYPE
+from shardlab.runtime.mixed_precision import MIXED_DTYPE, REFERENCE_DTYPE, precision_of
 from shardlab.runtime.reference import make_feeds
 from shardlab.runtime.torch_device import RankDevice
 from shardlab.runtime.torchdist import RankTiming, time_torchdist
@@ -151,12 +151,12 @@ def measure(
 def feed_dtype(dtype: str | None) -> str:
     """The numpy dtype a measurement's sources are drawn in (float32 for "bfloat16", whose
     ranks cast each value to its declared dtype)."""
-    return {None: "float64", MIXED_DTYPE: "float32"}.get(dtype, dtype or "float64")
+    return REFERENCE_DTYPE if dtype == MIXED_DTYPE else dtype or "float64"
 
 
 def rank_device(device: str, dtype: str | None) -> RankDevice:
     """Where and in which precision a measurement's ranks run."""
-    return RankDevice(device, "graph" if dtype == MIXED_DTYPE else "compute")
+    return RankDevice(device, precision_of(dtype))
 
 
 def stream_tids(program: DistProgram) -> dict[str, int]:

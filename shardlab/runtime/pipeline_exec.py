@@ -31,9 +31,9 @@ from shardlab.ops.base import Array
 from shardlab.passes.pipeline import PipelineProgram, build_pipeline, execution_order
 from shardlab.passes.pipeline_schedule import p2p_key
 from shardlab.program import DistProgram
+from shardlab.runtime import mixed_precision as mixed
 from shardlab.runtime.distribute import assemble, distribute
 from shardlab.runtime.hazards import SYNC_KINDS
-from shardlab.runtime.mixed_precision import MIXED_DTYPE
 from shardlab.runtime.reference import source_values
 from shardlab.runtime.simulated import execute_op
 from shardlab.runtime.verify import (
@@ -42,7 +42,6 @@ from shardlab.runtime.verify import (
     _compare,
     check_local_op,
     check_outputs,
-    precision_of,
     reference_env,
 )
 from shardlab.strategy import Strategy
@@ -112,22 +111,16 @@ def run_pipeline(
     seed: int = 0,
     *,
     backend: str = "simulated",
-    device: str = "cpu",
-    precision: str = "compute",
 ) -> dict[str, Array]:
-    """Global views after one pipelined step on `backend` (the torch backend's ranks on
-    `device`, in `precision`: `runtime.torch_device`), from the global (full-batch) source
-    values.
+    """Global views after one pipelined step on `backend`, from the global (full-batch)
+    source values.
 
     Keys: every entry of `pipeline.outputs` (accumulated gradients, new params and state),
     `<loss>#<m>` per micro-batch and the loss itself (their mean).
     """
     from shardlab.runtime.backends import run_pipeline_backend
 
-    blocks = run_pipeline_backend(
-        backend, pipeline, sources, seed, device=device, precision=precision
-    )
-    return pipeline_views(pipeline, blocks)
+    return pipeline_views(pipeline, run_pipeline_backend(backend, pipeline, sources, seed))
 
 
 def pipeline_views(pipeline: PipelineProgram, blocks: list[Blocks]) -> dict[str, Array]:
@@ -234,12 +227,12 @@ def verify_pipeline(
     from shardlab.runtime.backends import run_pipeline_backend
 
     blocks = run_pipeline_backend(backend, pipeline, sources, seed, device=device,
-                                  precision=precision_of(compute_dtype))  # fmt: skip
+                                  precision=mixed.precision_of(compute_dtype))  # fmt: skip
     got = pipeline_views(pipeline, blocks)
     loss = pipeline.loss
     outputs = {name: got[name] for name in pipeline.outputs}
     checks: list[TensorCheck] = []
-    if compute_dtype == MIXED_DTYPE:
+    if compute_dtype == mixed.MIXED_DTYPE:
         checks = check_stages_local(pipeline, blocks, full)
     else:
         for op in full.ops:

@@ -14,7 +14,7 @@ running in the verification's compute dtype and in the graph's own mixed precisi
   the dtype its graph declares: a bfloat16 model's params, activations and gradients in
   bfloat16, its float32 master weights and Adam moments in float32 (a float64 declaration
   runs in float32). That is bf16 training with fp32 masters, as Megatron and torchtitan run
-  it; `runtime.verify.precision_of` maps the verification's compute dtype "bfloat16" to it.
+  it; `runtime.mixed_precision.precision_of` maps the verification's compute dtype "bfloat16" to it.
 
 Blocks cross the process boundary as numpy arrays (`to_host`): a bfloat16 tensor, which
 numpy cannot hold, comes back as float32 (exact: bf16 is float32's upper half).

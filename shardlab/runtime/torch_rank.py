@@ -261,6 +261,7 @@ class RankRun:
         self.program = program
         self.me = me
         self.device = device or RankDevice()
+        self.torch, _ = torch_modules()  # once, not per op
         self.where = self.device.current()  # the launcher bound this process's device
         #: the sources on the device, in the precision they run in (every step starts here)
         self.sources: Tensors = {
@@ -351,13 +352,12 @@ class RankRun:
                 f"op {op.name!r} made {len(outs)} outputs, expected {len(op.outputs)}",
                 op=op.name,
             )
-        torch, _ = torch_modules()
         for v, x in zip(op.outputs, outs, strict=True):
             dtype = self._run_dtype(v)
-            if not isinstance(x, torch.Tensor):
+            if not isinstance(x, self.torch.Tensor):
                 self.blocks[v] = to_device(x, self.where, dtype)
             elif dtype is not None and x.is_floating_point():
-                self.blocks[v] = x.to(getattr(torch, dtype))
+                self.blocks[v] = x.to(getattr(self.torch, dtype))
             else:
                 self.blocks[v] = x
 
@@ -422,9 +422,8 @@ class RankRun:
         """A kernel's request reduced over its axes (a blocking all_reduce): a torch
         kernel's tensor on the device, a numpy kernel's array through the host."""
         axes = tuple(a for a in self.program.mesh.axis_names if a in req.axes)
-        torch, _ = torch_modules()
         data: Any = req.data
-        if not isinstance(data, torch.Tensor):
+        if not isinstance(data, self.torch.Tensor):
             if not axes:
                 return np.array(data, copy=True)
             return reduce_array(data, req.op, self.groups[axes], self.where)

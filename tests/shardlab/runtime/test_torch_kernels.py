@@ -27,11 +27,22 @@ LINE = Mesh((4,), ("tp",))
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
 
 
-def _ctx(mesh: Mesh, rank: int, types: Sequence[TensorType], specs: Sequence[str],
-         out_types: Sequence[TensorType], out_specs: Sequence[str]) -> LocalContext:  # fmt: skip
-    return LocalContext(mesh, rank, tuple(types), tuple(out_types),
-                        tuple(DistSpec.parse(s, mesh) for s in specs),
-                        tuple(DistSpec.parse(s, mesh) for s in out_specs))  # fmt: skip
+def _ctx(
+    mesh: Mesh,
+    rank: int,
+    types: Sequence[TensorType],
+    specs: Sequence[str],
+    out_types: Sequence[TensorType],
+    out_specs: Sequence[str],
+) -> LocalContext:
+    return LocalContext(
+        mesh,
+        rank,
+        tuple(types),
+        tuple(out_types),
+        tuple(DistSpec.parse(s, mesh) for s in specs),
+        tuple(DistSpec.parse(s, mesh) for s in out_specs),
+    )
 
 
 class Reducer:
@@ -53,8 +64,15 @@ class Reducer:
         return torch.from_numpy(reply) if is_tensor else reply
 
 
-def check(kernel: str, kind: str, xs: Sequence[Array], attrs: dict[str, Any],
-          ctx: LocalContext, dtype: type, fixed: bool = False) -> None:  # fmt: skip
+def assert_torch_kernel_matches(
+    kernel: str,
+    kind: str,
+    xs: Sequence[Array],
+    attrs: dict[str, Any],
+    ctx: LocalContext,
+    dtype: type,
+    fixed: bool = False,
+) -> None:
     """The torch kernel equals the numpy kernel on these blocks, requests included."""
     xs = [x.astype(dtype) if x.dtype.kind == "f" else x for x in xs]
     ref, red = Reducer(fixed), Reducer(fixed)
@@ -77,16 +95,24 @@ def check(kernel: str, kind: str, xs: Sequence[Array], attrs: dict[str, Any],
             np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale)
 
 
-def _run_all(kernel: str, kind: str, xs: Sequence[Array], specs: Sequence[str],
-             out_types: Sequence[TensorType], out_specs: Sequence[str], attrs: dict[str, Any],
-             mesh: Mesh, dtype: type, fixed: bool = False) -> None:  # fmt: skip
-    """`check` on every rank's blocks of the global inputs `xs`."""
-    types = [TensorType(x.shape, x.dtype.name if x.dtype.kind != "f" else "float32")
-             for x in xs]  # fmt: skip
+def assert_on_every_rank(
+    kernel: str,
+    kind: str,
+    xs: Sequence[Array],
+    specs: Sequence[str],
+    out_types: Sequence[TensorType],
+    out_specs: Sequence[str],
+    attrs: dict[str, Any],
+    mesh: Mesh,
+    dtype: type,
+    fixed: bool = False,
+) -> None:
+    """`assert_torch_kernel_matches` on every rank's blocks of the global inputs `xs`."""
+    types = [TensorType(x.shape, x.dtype.name if x.dtype.kind != "f" else "float32") for x in xs]
     for r in mesh.ranks:
         ctx = _ctx(mesh, r, types, specs, out_types, out_specs)
         local = [to_local(x, s, r) for x, s in zip(xs, ctx.input_specs, strict=True)]
-        check(kernel, kind, local, attrs, ctx, dtype, fixed)
+        assert_torch_kernel_matches(kernel, kind, local, attrs, ctx, dtype, fixed)
 
 
 rng = np.random.default_rng(5)
@@ -99,10 +125,28 @@ DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", 
 def test_embedding_kernels(dtype: type, vocab: int, ids_dtype: type) -> None:
     ids = np.array([[0, 3, 4, 7], [8, 11, 12, vocab - 1], [vocab - 1, 0, 5, 5]], ids_dtype)
     table, dy = rng.standard_normal((vocab, 4)), rng.standard_normal((3, 4, 4))
-    _run_all("embedding_vocab_parallel", "embedding", [ids, table], ["R", "S(0)"],
-             [TensorType((3, 4, 4))], ["P(sum)"], {}, LINE, dtype)  # fmt: skip
-    _run_all("embedding_grad_vocab_parallel", "embedding_grad", [ids, dy], ["R", "R"],
-             [TensorType((vocab, 4))], ["S(0)"], {"vocab": vocab}, LINE, dtype)  # fmt: skip
+    assert_on_every_rank(
+        "embedding_vocab_parallel",
+        "embedding",
+        [ids, table],
+        ["R", "S(0)"],
+        [TensorType((3, 4, 4))],
+        ["P(sum)"],
+        {},
+        LINE,
+        dtype,
+    )
+    assert_on_every_rank(
+        "embedding_grad_vocab_parallel",
+        "embedding_grad",
+        [ids, dy],
+        ["R", "R"],
+        [TensorType((vocab, 4))],
+        ["S(0)"],
+        {"vocab": vocab},
+        LINE,
+        dtype,
+    )
 
 
 @DTYPES
@@ -121,12 +165,31 @@ def test_cross_entropy_kernels(
     attrs = {"reduction": reduction}
     out = "P(sum)P(sum)"
     kernel = "cross_entropy_vocab_parallel" + ("+global_mean" if batch == 5 else "")
-    _run_all(kernel, "cross_entropy", [logits, labels], specs, [TensorType(())], [out], attrs,
-             MESH, dtype, fixed)  # fmt: skip
+    assert_on_every_rank(
+        kernel,
+        "cross_entropy",
+        [logits, labels],
+        specs,
+        [TensorType(())],
+        [out],
+        attrs,
+        MESH,
+        dtype,
+        fixed,
+    )
     for logits_spec in (specs[0], specs[0].replace("S(1)", "R")):  # vocab sharded, or not
-        _run_all("cross_entropy_grad_sharded", "cross_entropy_grad", [logits, labels, dloss],
-                 [logits_spec, specs[1], "RR"], [TensorType(logits.shape)], [logits_spec],
-                 attrs, MESH, dtype, fixed)  # fmt: skip
+        assert_on_every_rank(
+            "cross_entropy_grad_sharded",
+            "cross_entropy_grad",
+            [logits, labels, dloss],
+            [logits_spec, specs[1], "RR"],
+            [TensorType(logits.shape)],
+            [logits_spec],
+            attrs,
+            MESH,
+            dtype,
+            fixed,
+        )
 
 
 @DTYPES
@@ -135,9 +198,17 @@ def test_cross_entropy_kernels(
 def test_attention_query_offset(dtype: type, scale: float | None, hkv: int, q_spec: str) -> None:
     q, k, v = (rng.standard_normal((2, 8, h, 4)) for h in (4, hkv, hkv))
     kv_spec = q_spec.replace("S(1)", "R")
-    _run_all("attention_query_offset", "scaled_dot_product_attention", [q, k, v],
-             [q_spec, kv_spec, kv_spec], [TensorType(q.shape)], [q_spec],
-             {"causal": True, "scale": scale}, MESH, dtype)  # fmt: skip
+    assert_on_every_rank(
+        "attention_query_offset",
+        "scaled_dot_product_attention",
+        [q, k, v],
+        [q_spec, kv_spec, kv_spec],
+        [TensorType(q.shape)],
+        [q_spec],
+        {"causal": True, "scale": scale},
+        MESH,
+        dtype,
+    )
 
 
 @DTYPES
@@ -145,38 +216,80 @@ def test_attention_query_offset(dtype: type, scale: float | None, hkv: int, q_sp
 def test_masked_softmax_query_offset(dtype: type, causal: bool) -> None:
     x = rng.standard_normal((2, 4, 8, 8))
     for x_spec in ["S(1)S(2)", "RS(2)", "S(0)S(1)"]:
-        _run_all("masked_softmax_query_offset", "masked_softmax", [x], [x_spec],
-                 [TensorType(x.shape)], [x_spec], {"scale": 0.3, "causal": causal}, MESH,
-                 dtype)  # fmt: skip
+        assert_on_every_rank(
+            "masked_softmax_query_offset",
+            "masked_softmax",
+            [x],
+            [x_spec],
+            [TensorType(x.shape)],
+            [x_spec],
+            {"scale": 0.3, "causal": causal},
+            MESH,
+            dtype,
+        )
 
 
 @DTYPES
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize(("mesh", "q_spec", "kv_spec"),
-                         [(LINE, "S(2)", "R"), (MESH, "S(1)S(2)", "RR")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mesh", "q_spec", "kv_spec"), [(LINE, "S(2)", "R"), (MESH, "S(1)S(2)", "RR")]
+)
 def test_attention_head_offset_kernels(
     dtype: type, causal: bool, mesh: Mesh, q_spec: str, kv_spec: str
 ) -> None:
     q, k, v, dy = (rng.standard_normal((2, 8, h, 4)) for h in (4, 2, 2, 4))
     attrs = {"causal": causal, "scale": None if causal else 0.4}
-    _run_all("attention_head_offset", "scaled_dot_product_attention", [q, k, v],
-             [q_spec, kv_spec, kv_spec], [TensorType(q.shape)], [q_spec], attrs, mesh,
-             dtype)  # fmt: skip
+    assert_on_every_rank(
+        "attention_head_offset",
+        "scaled_dot_product_attention",
+        [q, k, v],
+        [q_spec, kv_spec, kv_spec],
+        [TensorType(q.shape)],
+        [q_spec],
+        attrs,
+        mesh,
+        dtype,
+    )
     if q_spec == "S(2)":  # the grad's rule shards the heads only
         partial = "P(sum)"
-        _run_all("attention_grad_head_offset", "attention_grad", [q, k, v, dy],
-                 [q_spec, kv_spec, kv_spec, q_spec],
-                 [TensorType(q.shape), TensorType(k.shape), TensorType(v.shape)],
-                 [q_spec, partial, partial], attrs, mesh, dtype)  # fmt: skip
+        assert_on_every_rank(
+            "attention_grad_head_offset",
+            "attention_grad",
+            [q, k, v, dy],
+            [q_spec, kv_spec, kv_spec, q_spec],
+            [TensorType(q.shape), TensorType(k.shape), TensorType(v.shape)],
+            [q_spec, partial, partial],
+            attrs,
+            mesh,
+            dtype,
+        )
 
 
 @DTYPES
 def test_global_mean_kernels(dtype: type) -> None:
     x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 4))
-    _run_all("global_mean", "mean", [x], ["S(0)"], [TensorType((4,))], ["P(sum)"],
-             {"dims": [0]}, LINE, dtype)  # fmt: skip
-    _run_all("global_mean", "mse_loss", [x, y], ["S(0)", "S(0)"], [TensorType(())],
-             ["P(sum)"], {}, LINE, dtype)  # fmt: skip
+    assert_on_every_rank(
+        "global_mean",
+        "mean",
+        [x],
+        ["S(0)"],
+        [TensorType((4,))],
+        ["P(sum)"],
+        {"dims": [0]},
+        LINE,
+        dtype,
+    )
+    assert_on_every_rank(
+        "global_mean",
+        "mse_loss",
+        [x, y],
+        ["S(0)", "S(0)"],
+        [TensorType(())],
+        ["P(sum)"],
+        {},
+        LINE,
+        dtype,
+    )
 
 
 @DTYPES
@@ -186,8 +299,17 @@ def test_dropout_global_index(dtype: type, x_spec: str, p: float, offset: int) -
     x = rng.standard_normal((2, 6, 8))
     attrs = {"p": p, "seed": 77, "offset": offset}
     t = TensorType(x.shape)
-    _run_all("dropout_global_index", "dropout", [x], [x_spec], [t, TensorType(x.shape, "bool")],
-             [x_spec, x_spec], attrs, MESH, dtype)  # fmt: skip
+    assert_on_every_rank(
+        "dropout_global_index",
+        "dropout",
+        [x],
+        [x_spec],
+        [t, TensorType(x.shape, "bool")],
+        [x_spec, x_spec],
+        attrs,
+        MESH,
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 77, -5, 2**40 + 3, 2**70])
@@ -212,14 +334,34 @@ def test_replicated_kernel(out_spec: str) -> None:
     table = TensorType((8, 4))
     for r in MESH.ranks:
         ctx = _ctx(MESH, r, [], [], [table, table], [out_spec, out_spec])
-        check("replicated", "rope_cache", [], {"seq": 8, "head_dim": 8}, ctx, np.float64)
-        check("replicated", "fill", [], {"shape": [8, 4], "value": 2.5},
-              _ctx(MESH, r, [], [], [table], [out_spec]), np.float64)  # fmt: skip
+        assert_torch_kernel_matches(
+            "replicated", "rope_cache", [], {"seq": 8, "head_dim": 8}, ctx, np.float64
+        )
+        assert_torch_kernel_matches(
+            "replicated",
+            "fill",
+            [],
+            {"shape": [8, 4], "value": 2.5},
+            _ctx(MESH, r, [], [], [table], [out_spec]),
+            np.float64,
+        )
     a, b = rng.standard_normal((4, 6)), rng.standard_normal((6, 4))
     for r in MESH.ranks:
-        check("replicated", "matmul", [a, b], {},
-              _ctx(MESH, r, [TensorType(a.shape), TensorType(b.shape)], ["RR", "RR"],
-                   [TensorType((4, 4))], [out_spec]), np.float32)  # fmt: skip
+        assert_torch_kernel_matches(
+            "replicated",
+            "matmul",
+            [a, b],
+            {},
+            _ctx(
+                MESH,
+                r,
+                [TensorType(a.shape), TensorType(b.shape)],
+                ["RR", "RR"],
+                [TensorType((4, 4))],
+                [out_spec],
+            ),
+            np.float32,
+        )
 
 
 def test_which_ops_keep_their_numpy_kernel() -> None:
@@ -236,8 +378,17 @@ def test_which_ops_keep_their_numpy_kernel() -> None:
     assert set(KERNELS) - set(TORCH_KERNELS) == {"reshape_local", "shape_attr_local"}
 
 
-LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 64,
-         "seq": 8, "batch": 8, "dtype": "float32"}  # fmt: skip
+LLAMA = {
+    "layers": 2,
+    "hidden": 64,
+    "heads": 4,
+    "kv_heads": 2,
+    "ffn": 128,
+    "vocab": 64,
+    "seq": 8,
+    "batch": 8,
+    "dtype": "float32",
+}
 COVERED = {
     "cross_entropy/cross_entropy_vocab_parallel",
     "cross_entropy/cross_entropy_vocab_parallel+global_mean",
@@ -267,8 +418,9 @@ def test_llama_runs_the_rank_aware_kernels_as_torch_ops(mesh: str, templates: li
     from shardlab.runtime.verify import verify
     from shardlab.strategy import Strategy
 
-    plan = build_plan(build_model("llama3-8b", LLAMA), Strategy.build(mesh, templates),
-                      optimizer="adamw")  # fmt: skip
+    plan = build_plan(
+        build_model("llama3-8b", LLAMA), Strategy.build(mesh, templates), optimizer="adamw"
+    )
     kernels = {f"{op.kind}/{op.kernel}" for op in plan.program.ops}
     assert "embedding/embedding_vocab_parallel" in kernels  # the kernels are in the program
     report = verify(plan, backend="torch")
