@@ -28,7 +28,9 @@ not grow with its size), and its `op_overhead` (seconds a backend spends running
 beside its kernel) is added to every compute op of a program, views and waits included
 (`program_op_times`; 0 on presets).
 A `CalibrationTable` of measured (kind, flops, bytes, seconds) overrides the roofline for the
-kinds it holds (see `CalibrationTable.seconds`). Communication kinds are costed elsewhere.
+kinds it holds (see `CalibrationTable.seconds`). Communication kinds are costed elsewhere;
+the few all-reduces a local kernel runs inside its op (vocab-parallel cross entropy) are
+priced by `cost.kernel_comm` and added to that op's time.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from shardlab.cost.clusters import Cluster
+from shardlab.cost.kernel_comm import midop_seconds
 from shardlab.errors import ClusterError, ShardlabError
 from shardlab.ir import Graph, Op, OpRole, TensorType
 from shardlab.ops import get_op
@@ -238,7 +242,8 @@ def program_op_times(
     one row), so one rank's times stand for all of them, the slowest's; each
     includes the device's `op_overhead` when it has one (a calibrated cluster's). A local
     kernel (e.g. vocab-parallel cross entropy) is counted by its kind's OpDef on the local
-    blocks; an op computes in the dtype of its first floating-point input (`op_dtype`).
+    blocks, plus, on a `Cluster`, the all-reduces it runs mid-op (`cost.kernel_comm`); an op
+    computes in the dtype of its first floating-point input (`op_dtype`).
     With a `memo` (one per device and table, e.g. one per `build_plan`), an op that is the
     very object of an earlier program, with the same specs, keeps its earlier time: a pass
     changes a few ops, and the plan's stages are costed without re-pricing the rest.
@@ -261,6 +266,8 @@ def program_op_times(
         times[op.name] = overhead + compute_time(
             op.kind, flops, bytes_, op_dtype([*ins, *outs]), device, table
         )
+        if isinstance(device, Cluster):  # a kernel's own all-reduces (`cost.kernel_comm`)
+            times[op.name] += midop_seconds(program, op, device)
         if memo is not None:
             memo[op.name] = (op, layout, times[op.name])
     return times

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from shardlab.cost.clusters import Cluster
 from shardlab.cost.comm import comm_op_group, factor
 from shardlab.cost.compute import program_op_times
+from shardlab.cost.pipeline_cost import cost_pipeline, sent_bytes
 from shardlab.errors import ExecutionError
 from shardlab.runtime import hazards as hz
 from shardlab.runtime.calibrate_fit import (
@@ -67,7 +68,9 @@ from shardlab.runtime.calibrate_measure import (
 
 if TYPE_CHECKING:
     from shardlab.plan import Plan
+    from shardlab.program import DistProgram
     from shardlab.runtime.measure import Measurement
+    from shardlab.strategy import Strategy
 
 DTYPES = ("float32", "float64")
 #: The reference models: one GPT-2 and one Llama layer (`REFERENCE_STEPS` runs them; data
@@ -83,16 +86,37 @@ REFERENCE = (
 @dataclass(frozen=True, slots=True)
 class RefStep:
     """One reference step: its label, its model (`REFERENCE` index), the mesh axis all ranks
-    sit on, its templates, and whether its kernels give `kernel_scale`."""
+    sit on, its templates, and whether its kernels give `kernel_scale`. A `pipelined`
+    reference puts the ranks on `pp=2` (times `axis` over the rest), its model one layer per
+    stage and a batch as many times larger as `axis` has ranks, and runs 1F1B over
+    `PIPELINE_MICROBATCHES`: its sends give `comm_scale["send"]`."""
 
     label: str
     model: int
     axis: str
     templates: tuple[str, ...]
     kernels: bool = False
+    pipelined: bool = False
+
+    def strategy(self, nproc: int) -> Strategy:
+        """The reference's strategy on `nproc` ranks."""
+        from shardlab.strategy import Strategy
+
+        if not self.pipelined:
+            return Strategy.build(f"{self.axis}={nproc}", list(self.templates), [], {})
+        rest = nproc // PIPELINE_STAGES
+        mesh = f"pp={PIPELINE_STAGES}" + (f",{self.axis}={rest}" if rest > 1 else "")
+        pipeline = {"schedule": "1f1b", "microbatches": PIPELINE_MICROBATCHES}
+        templates = list(self.templates) if rest > 1 else []
+        return Strategy.build(mesh, templates, [], {"pipeline": pipeline})
+
+    def runs_on(self, nproc: int) -> bool:
+        """A pipelined reference needs a rank count its stages divide."""
+        return not self.pipelined or nproc % PIPELINE_STAGES == 0
 
 
-#: The reference steps: every collective kind the templates issue, inside a training step.
+#: The reference steps: every collective kind the templates issue, and the sends between
+#: pipeline stages, inside a training step.
 REFERENCE_STEPS = (
     RefStep("gpt2 dp", 0, "dp", ("dp",), kernels=True),
     RefStep("llama dp", 1, "dp", ("dp",), kernels=True),
@@ -100,7 +124,10 @@ REFERENCE_STEPS = (
     RefStep("llama tp+sp", 1, "tp", ("megatron_tp", "sequence_parallel")),
     RefStep("llama zero2", 1, "dp", ("dp", "zero2")),
     RefStep("llama fsdp", 1, "dp", ("fsdp",)),
+    RefStep("llama pp 1F1B", 1, "dp", ("dp",), pipelined=True),
 )
+#: the pipelined reference's stages and micro-batches
+PIPELINE_STAGES, PIPELINE_MICROBATCHES = 2, 4
 #: steps timed per reference and round (after one warm-up), quick and full
 REFERENCE_STEPS_TIMED = (6, 10)
 #: rounds over every reference step, each reference's median round kept: a shared machine
@@ -136,11 +163,12 @@ def calibrate(
     runs = run_references(base, nproc, dtype, REFERENCE_STEPS_TIMED[0 if quick else 1])
     m.kernels, m.op_floor_s = kernel_samples([r for r in runs if r.ref.kernels], base)
     m.step_comm = step_collectives(runs)
+    flat = [r for r in runs if not r.ref.pipelined]  # the model's flat step fits op_overhead
     bare = cluster_of(fit, m, name, base.description, base.hbm_bytes)  # op_overhead 0
-    m.steps = step_samples(runs, bare, PROBE_OVERHEAD_S)
+    m.steps = step_samples(flat, bare, PROBE_OVERHEAD_S)
     cluster = cluster_of(fit, m, name, base.description, base.hbm_bytes)
     if cluster.op_overhead > 0:  # the step is not linear in it: difference at the fitted value
-        m.steps = step_samples(runs, bare, cluster.op_overhead)
+        m.steps = step_samples(flat, bare, cluster.op_overhead)
         cluster = cluster_of(fit, m, name, base.description, base.hbm_bytes)
     _, in_step = fit_comm_scales(fit.link or cluster.intra_node, m.step_comm)
     steps = [Residual(f"step: {r.ref.label}", r.measured_s, _predicted(r, cluster)) for r in runs]
@@ -176,17 +204,20 @@ def run_references(
     from shardlab.models import build_model
     from shardlab.plan import build_plan
     from shardlab.runtime.measure import measure
-    from shardlab.strategy import Strategy
 
+    refs = [ref for ref in REFERENCE_STEPS if ref.runs_on(nproc)]
     plans = []
-    for ref in REFERENCE_STEPS:
+    for ref in refs:
         model, overrides = REFERENCE[ref.model]
+        if ref.pipelined:  # one layer per stage, a micro-batch row per data-parallel rank
+            rest = nproc // PIPELINE_STAGES
+            overrides = {**overrides, "layers": PIPELINE_STAGES,
+                         "batch": int(overrides["batch"]) * rest}  # fmt: skip
         graph = build_model(model, {**overrides, "dtype": dtype})
-        strategy = Strategy.build(f"{ref.axis}={nproc}", list(ref.templates), [], {})
-        plans.append(build_plan(graph, strategy, cluster=cluster))
+        plans.append(build_plan(graph, ref.strategy(nproc), cluster=cluster))
     tried: list[list[RefRun]] = [[] for _ in plans]
     for _ in range(rounds):
-        for ref, plan, runs in zip(REFERENCE_STEPS, plans, tried, strict=True):
+        for ref, plan, runs in zip(refs, plans, tried, strict=True):
             runs.append(RefRun(ref, plan, measure(plan, steps=steps, warmup=1, dtype=dtype)))
     return [median_run(runs) for runs in tried]
 
@@ -199,8 +230,8 @@ def median_run(runs: list[RefRun]) -> RefRun:
 
 
 def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSample], float | None]:
-    """Every compute kind of `runs` as the torch backend ran it, on the slowest rank, and
-    the backend's per-op floor.
+    """Every compute kind of `runs` as the torch backend ran it, each op its median over the
+    ranks (`Measurement.typical_op_seconds`), and the backend's per-op floor.
 
     The floor is the median measured seconds of the ops that do (next to) no work: views
     and ops whose roofline is under `FLOOR_WORK_S` - the backend's own per-op time. Each
@@ -211,7 +242,7 @@ def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSam
     launch = cluster.launch_overhead
     timed: list[tuple[str, float, float]] = []  # (kind, roofline less launch, measured)
     for run in runs:
-        seen = run.got.op_seconds(run.slowest)
+        seen = run.got.typical_op_seconds()
         roof = program_op_times(run.plan.program, cluster)
         for op in run.plan.program.ops:
             if op.kind in hz.SYNC_KINDS or is_comm(op) or op.name not in seen:
@@ -233,23 +264,36 @@ def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSam
 
 
 def step_collectives(runs: list[RefRun]) -> list[CommSample]:
-    """The collectives of every reference step as the slowest rank ran them, each its median
-    seconds from issue to the wait of the op that reads it (the compute it was issued ahead
-    of runs inside that span, as it does in the model's timeline): the samples
+    """The collectives of every reference step as a typical rank ran them (each one's median
+    over the ranks), from issue to the wait of the op that reads it (the compute it was
+    issued ahead of runs inside that span, as it does in the model's timeline): the samples
     `calibrate_fit.fit_comm_scales` fits `comm_scale` to."""
     samples: list[CommSample] = []
     for run in runs:
-        program = run.plan.program
-        seen = run.got.op_seconds(run.slowest)
-        for op in program.ops:
-            if op.comm is None or op.name not in seen:
-                continue
-            n = len(comm_op_group(program.mesh, 0, op.comm.axis))
-            f = factor(op.comm.kind, n) if n > 1 else 0.0
-            if f > 0:
-                size = int(op.comm.bytes_per_rank / f)
-                samples.append(CommSample(op.comm.kind, n, size, seen[op.name]))
+        seen = run.got.typical_op_seconds()
+        for program in _programs(run):
+            for op in program.ops:
+                if op.name not in seen:
+                    continue
+                if op.kind == "send":  # between two pipeline stages' ranks
+                    size = int(sent_bytes(program, op.inputs[0]))
+                    samples.append(CommSample("send", 2, size, seen[op.name]))
+                    continue
+                if op.comm is None:
+                    continue
+                n = len(comm_op_group(program.mesh, program.mesh.ranks[0], op.comm.axis))
+                f = factor(op.comm.kind, n) if n > 1 else 0.0
+                if f > 0:
+                    size = int(op.comm.bytes_per_rank / f)
+                    samples.append(CommSample(op.comm.kind, n, size, seen[op.name]))
     return samples
+
+
+def _programs(run: RefRun) -> list[DistProgram]:
+    """The programs a reference's ranks ran: the plan's, or each pipeline stage's once."""
+    if run.got.pipeline is None:
+        return [run.plan.program]
+    return list(run.got.pipeline.stages)
 
 
 def step_samples(runs: list[RefRun], cluster: Cluster, probe_s: float) -> list[StepSample]:
@@ -267,9 +311,12 @@ def step_samples(runs: list[RefRun], cluster: Cluster, probe_s: float) -> list[S
 
 
 def _predicted(run: RefRun, cluster: Cluster) -> float:
-    """The model's step of a reference's program on `cluster`."""
+    """The model's step of a reference's program on `cluster` (a pipelined one's: the
+    op-level model of the stage programs its ranks ran)."""
     from shardlab.cost.model import cost_program
 
+    if run.got.pipeline is not None:
+        return cost_pipeline(run.got.pipeline, run.plan.training, cluster).step_time
     return cost_program(run.plan.program, run.plan.training, cluster).step_time
 
 

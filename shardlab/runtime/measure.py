@@ -81,6 +81,17 @@ class Measurement:
         """Median seconds of every op on `rank`."""
         return {name: ns * NS for name, ns in self.ranks[rank].durations.items()}
 
+    def typical_op_seconds(self) -> dict[str, float]:
+        """Per op, the median over the ranks that ran it of its median seconds: what a
+        typical rank spends on it. Ranks that share cores differ by whole time slices, and
+        the rank whose step is the longest is often the one that got the cores first and
+        then waited longest for its peers: its ops are the fastest, its waits the longest."""
+        seen: dict[str, list[int]] = {}
+        for timing in self.ranks.values():
+            for name, ns in timing.durations.items():
+                seen.setdefault(name, []).append(ns)
+        return {name: statistics.median(v) * NS for name, v in seen.items()}
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "steps": self.steps,

@@ -237,12 +237,15 @@ def test_quick_calibration_writes_a_profile_plan_accepts(tmp_path: Path) -> None
     assert math.isfinite(cluster.intra_node.bandwidth) and cluster.kernel_scale
     raw = json.loads(side_file(out).read_text())
     assert raw["comm"] and raw["compute"] and raw["kernels"] and raw["residuals"]
-    # the reference steps: every collective kind the templates issue, and their residuals
-    assert {s["kind"] for s in raw["step_comm"]} == {"all_reduce", "all_gather", "reduce_scatter"}
-    assert set(cluster.comm_scale) == {"all_reduce", "all_gather", "reduce_scatter"}
+    # the reference steps: every collective kind the templates issue, the pipeline's sends,
+    # and their residuals (the pipelined step is no op_overhead sample: six flat ones)
+    kinds = {"all_reduce", "all_gather", "reduce_scatter", "send"}
+    assert {s["kind"] for s in raw["step_comm"]} == kinds
+    assert set(cluster.comm_scale) == kinds
     assert cluster.op_overhead >= 0 and len(raw["steps"]) == 6 and raw["contention"]
     labels = {r["sample"] for r in raw["residuals"]}
     assert "step: llama zero2" in labels and "in step: reduce_scatter" in " ".join(labels)
+    assert "step: llama pp 1F1B" in labels and "in step: send n=2" in " ".join(labels)
     assert "comm_scale" in got.output and "step: llama fsdp" in got.output
     sets = ["layers=1", "hidden=64", "heads=4", "kv_heads=2", "ffn=128", "vocab=64", "seq=8"]
     args = ["plan", "llama3-8b", *[a for s in sets for a in ("--set", s)], "--mesh", "dp=2",
