@@ -230,8 +230,8 @@ def median_run(runs: list[RefRun]) -> RefRun:
 
 
 def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSample], float | None]:
-    """Every compute kind of `runs` as the torch backend ran it, each op its median over the
-    ranks (`Measurement.typical_op_seconds`), and the backend's per-op floor.
+    """Every compute kind of `runs` as the torch backend ran it, each op its longest time
+    over the ranks (`Measurement.slowest_op_seconds`), and the backend's per-op floor.
 
     The floor is the median measured seconds of the ops that do (next to) no work: views
     and ops whose roofline is under `FLOOR_WORK_S` - the backend's own per-op time. Each
@@ -242,7 +242,7 @@ def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSam
     launch = cluster.launch_overhead
     timed: list[tuple[str, float, float]] = []  # (kind, roofline less launch, measured)
     for run in runs:
-        seen = run.got.typical_op_seconds()
+        seen = run.got.slowest_op_seconds()
         roof = program_op_times(run.plan.program, cluster)
         for op in run.plan.program.ops:
             if op.kind in hz.SYNC_KINDS or is_comm(op) or op.name not in seen:

@@ -109,9 +109,8 @@ class CommSample:
 @dataclass(frozen=True, slots=True)
 class KernelSample:
     """One op kind of a reference plan run by the torch backend: its summed roofline seconds
-    (launch overhead left out) and summed measured seconds on a typical rank (each op's
-    median over the ranks), and per op
-    (`points`) its (roofline, measured) seconds."""
+    (launch overhead left out) and summed measured seconds (each op's longest over the
+    ranks), and per op (`points`) its (roofline, measured) seconds."""
 
     kind: str
     ops: int

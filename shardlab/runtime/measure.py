@@ -81,16 +81,26 @@ class Measurement:
         """Median seconds of every op on `rank`."""
         return {name: ns * NS for name, ns in self.ranks[rank].durations.items()}
 
-    def typical_op_seconds(self) -> dict[str, float]:
-        """Per op, the median over the ranks that ran it of its median seconds: what a
-        typical rank spends on it. Ranks that share cores differ by whole time slices, and
-        the rank whose step is the longest is often the one that got the cores first and
-        then waited longest for its peers: its ops are the fastest, its waits the longest."""
+    def op_seconds_over_ranks(self, pick: Callable[[list[int]], float]) -> dict[str, float]:
+        """Per op, `pick` (e.g. `max`, `statistics.median`) of its median durations in ns on
+        the ranks that ran it, in seconds."""
         seen: dict[str, list[int]] = {}
         for timing in self.ranks.values():
             for name, ns in timing.durations.items():
                 seen.setdefault(name, []).append(ns)
-        return {name: statistics.median(v) * NS for name, v in seen.items()}
+        return {name: pick(v) * NS for name, v in seen.items()}
+
+    def slowest_op_seconds(self) -> dict[str, float]:
+        """Per op, its longest median time over the ranks: what the step waits for. Ranks
+        that share cores differ by whole time slices, and the rank whose step is the longest
+        is often the one that got the cores first and then waited longest for its peers:
+        its ops are the fastest, its waits the longest."""
+        return self.op_seconds_over_ranks(max)
+
+    def typical_op_seconds(self) -> dict[str, float]:
+        """Per op, the median over the ranks of its median time: a collective's span on the
+        first rank to reach it holds that rank's wait for the last, on the last rank none."""
+        return self.op_seconds_over_ranks(statistics.median)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

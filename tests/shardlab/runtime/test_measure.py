@@ -3,6 +3,7 @@ model (tiny llama, dp=2; ranks forked from the torch backend's forkserver)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -15,6 +16,7 @@ from shardlab.cost.trace import validate_trace
 from shardlab.models import build_model
 from shardlab.plan import Plan, build_plan
 from shardlab.runtime.measure import Measurement, compare, measure, measured_trace
+from shardlab.runtime.torch_rank import RankTiming
 from shardlab.strategy import Strategy
 
 pytest.importorskip("torch.distributed")
@@ -76,3 +78,22 @@ def test_cli_prints_the_table_and_writes_the_trace(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "communication" in result.output and "error %" in result.output
     assert validate_trace(json.loads(out.read_text())) == []
+
+
+def test_an_ops_time_over_the_ranks_is_their_longest_or_their_median(
+    measured: tuple[Plan, Measurement],
+) -> None:
+    """Calibration reads compute ops at their longest over the ranks and collectives at
+    their median (`Measurement.slowest_op_seconds`, `typical_op_seconds`)."""
+    _, m = measured
+    three = Measurement(m.program, {**m.ranks, 2: _scaled(m.ranks[0], 3)}, m.steps, m.warmup)
+    for name, ns in m.ranks[0].durations.items():
+        others = sorted([ns, m.ranks[1].durations[name], 3 * ns])
+        assert three.slowest_op_seconds()[name] == pytest.approx(others[-1] * 1e-9)
+        assert three.typical_op_seconds()[name] == pytest.approx(others[1] * 1e-9)
+
+
+def _scaled(timing: RankTiming, k: int) -> RankTiming:
+    """`timing` with every op `k` times as long."""
+    durations = {name: k * ns for name, ns in timing.durations.items()}
+    return dataclasses.replace(timing, rank=2, durations=durations)
