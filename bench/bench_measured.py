@@ -146,7 +146,7 @@ def run() -> Section:
                 f"GB/s + {c.intra_node.latency * 1e6:.0f} us per step, overlap slowdown "
                 f"{c.overlap_slowdown:.2f}, in-step collectives "
                 + ", ".join(f"{k} x{v:.2f}" for k, v in c.comm_scale.items())
-                + f", op overhead {c.op_overhead * 1e6:.1f} us"
+                + f", op overhead {c.op_overhead * 1e6:.1f} us, straggle {c.straggle:.0%}"
             )
             plans = [build_case(case, n, path) for case in CASES]
             for case, plan, got in zip(CASES, plans, measure_rounds(plans), strict=True):
@@ -165,9 +165,13 @@ def run() -> Section:
         "",
         "Profiles (`shardlab calibrate --nproc N`, one per rank count; in-step "
         "collectives: `comm_scale`, each kind's time inside one-layer reference steps over "
-        "its isolated ring time; op overhead: `op_overhead`, the reference steps' measured "
-        "time beyond the model's per op; overlap slowdown: a collective and compute at "
-        "once against each alone, 20 = they take turns): " + "; ".join(profiles) + ".",
+        "its isolated ring time (send: a pipeline's hops, issue to the waiting receiver's "
+        "completion); op overhead: `op_overhead`, the reference steps' measured "
+        "time beyond the model's per op; straggle: `straggle`, the slowest rank's compute "
+        "of a reference step beyond the sum of its ops' times; overlap slowdown: a "
+        "collective and compute at once against each alone, 20 = they take turns): "
+        + "; ".join(profiles)
+        + ".",
         "",
         f"Models: `gpt2` with {GPT2} and `llama3-8b` with {LLAMA}; optimizer AdamW; "
         f"{STEPS} steps measured after {WARMUP} warm-up, median step of the slowest rank, "

@@ -55,6 +55,7 @@ _REQUIRED = (
 )
 _OPTIONAL = (
     "description", "source", "kernel_scale", "kernel_overhead", "comm_scale", "op_overhead",
+    "straggle",
 )  # fmt: skip
 #: collective kinds `comm_scale` may name (`shardlab.cost.comm` prices them)
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv")
@@ -115,6 +116,11 @@ class Cluster:
     #: or collective (its interpreter's bookkeeping): added to every compute op, views
     #: included, and every communication step; 0 for the GPU presets
     op_overhead: float = 0.0
+    #: the fraction by which the slowest rank's compute of a step exceeds the sum of its ops'
+    #: own times (ranks sharing cores are descheduled for whole time slices, and the step
+    #: waits for the rank that lost the most): every compute op's kernel time grows by it;
+    #: 0 for the GPU presets
+    straggle: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -143,6 +149,7 @@ class Cluster:
             "kernel_overhead": check.overheads(self.kernel_overhead),
             "comm_scale": check.comm_scales(self.comm_scale),
             "op_overhead": check.number("op_overhead", self.op_overhead, zero=True),
+            "straggle": check.number("straggle", self.straggle, zero=True),
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -184,6 +191,7 @@ class Cluster:
             **({"kernel_overhead": dict(self.kernel_overhead)} if self.kernel_overhead else {}),
             **({"comm_scale": dict(self.comm_scale)} if self.comm_scale else {}),
             **({"op_overhead": self.op_overhead} if self.op_overhead else {}),
+            **({"straggle": self.straggle} if self.straggle else {}),
         }
 
     @classmethod

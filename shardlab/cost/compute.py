@@ -25,8 +25,9 @@ A calibrated cluster's `kernel_scale` multiplies `max(...)` of the kinds it name
 kernels run some kinds far from the roofline: einsum attention, many-pass optimizers), its
 `kernel_overhead` adds a kind's fixed seconds per op (the part of a kernel's time that does
 not grow with its size), and its `op_overhead` (seconds a backend spends running any op
-beside its kernel) is added to every compute op of a program, views and waits included
-(`program_op_times`; 0 on presets).
+beside its kernel) is added to every compute op of a program, views and waits included,
+whose kernel time grows by its `straggle` (the slowest rank's share of time slices lost
+when ranks share cores; `program_op_times`; both 0 on presets).
 A `CalibrationTable` of measured (kind, flops, bytes, seconds) overrides the roofline for the
 kinds it holds (see `CalibrationTable.seconds`). Communication kinds are costed elsewhere;
 the few all-reduces a local kernel runs inside its op (vocab-parallel cross entropy) are
@@ -250,8 +251,10 @@ def program_op_times(
     """
     times: dict[str, float] = {}
     specs = program.specs
-    # a calibrated backend's per-op time beside the kernel (`Cluster.op_overhead`)
+    # a calibrated backend's per-op time beside the kernel (`Cluster.op_overhead`) and its
+    # slowest rank's share of time slices lost (`Cluster.straggle`)
     overhead = float(getattr(device, "op_overhead", 0.0))
+    stretch = 1.0 + float(getattr(device, "straggle", 0.0))
     for op in program.ops:
         if op.is_comm:
             continue
@@ -263,7 +266,7 @@ def program_op_times(
         ins, outs = local_types(program, op.inputs), local_types(program, op.outputs)
         flops = op_flops(op.kind, ins, outs, op.attrs)
         bytes_ = op_bytes(op.kind, ins, outs, op.attrs)
-        times[op.name] = overhead + compute_time(
+        times[op.name] = overhead + stretch * compute_time(
             op.kind, flops, bytes_, op_dtype([*ins, *outs]), device, table
         )
         if isinstance(device, Cluster):  # a kernel's own all-reduces (`cost.kernel_comm`)

@@ -17,9 +17,17 @@ only a training step shows:
   `calibrate_fit.kernel_fits`);
 - every reference's collectives (all_reduce in dp and tp, all_gather and reduce_scatter in
   tp + sequence parallel, ZeRO-2 and FSDP), timed inside the step from issue to wait, give
-  `comm_scale` per kind against the isolated link (`step_collectives`);
-- every reference's measured step against the model's prediction on that cluster gives
-  `op_overhead`, the seconds each op costs the rank beside its kernel (`step_samples`).
+  `comm_scale` per kind against the isolated link (`step_collectives`), and the 1F1B
+  reference's hops between stages give `comm_scale["send"]` (`hop_samples`);
+- the flat references' slowest rank's compute in a step against the sum of their ops'
+  times gives `straggle` (`straggle_of`: ranks sharing cores lose whole time slices);
+- every flat reference's measured step against the model's prediction on that cluster
+  gives `op_overhead`, the seconds each op costs the rank beside its kernel
+  (`step_samples`).
+
+Compute ops count at their longest over the ranks (`Measurement.slowest_op_seconds`: the
+step waits for the last rank), collectives at their median (`typical_op_seconds`: the
+first rank to reach one waits inside it for the last).
 `write` saves the Cluster JSON and, beside it, `<stem>.measurements.json` with every raw
 sample and its fit residual (a Cluster file holds only the fields `Cluster` knows).
 `report_lines` is the table the command prints.
@@ -164,6 +172,7 @@ def calibrate(
     m.kernels, m.op_floor_s = kernel_samples([r for r in runs if r.ref.kernels], base)
     m.step_comm = step_collectives(runs)
     flat = [r for r in runs if not r.ref.pipelined]  # the model's flat step fits op_overhead
+    m.straggle = straggle_of(flat)
     bare = cluster_of(fit, m, name, base.description, base.hbm_bytes)  # op_overhead 0
     m.steps = step_samples(flat, bare, PROBE_OVERHEAD_S)
     cluster = cluster_of(fit, m, name, base.description, base.hbm_bytes)
@@ -263,6 +272,31 @@ def kernel_samples(runs: list[RefRun], cluster: Cluster) -> tuple[list[KernelSam
     return samples, floor
 
 
+def straggle_of(runs: list[RefRun]) -> float:
+    """How much longer the slowest rank's compute of a step is than the sum of its compute
+    ops' own times (each its longest over the ranks, `Measurement.slowest_op_seconds`),
+    summed over `runs`, less one (never below 0): ranks that share cores are descheduled
+    for whole time slices, now this rank, now that one, and the step waits for the rank
+    that lost the most. The compute of one step is the sum of its spans in the step every
+    rank kept (`RankTiming.spans`)."""
+    from shardlab.runtime.measure import is_comm
+
+    own = slowest = 0.0
+    for run in runs:
+        compute = [op.name for op in run.plan.program.ops
+                   if not is_comm(op) and op.kind not in hz.SYNC_KINDS]  # fmt: skip
+        times = run.got.slowest_op_seconds()
+        own += sum(times.get(name, 0.0) for name in compute)
+        slowest += (
+            max(
+                sum(t.spans[name][1] - t.spans[name][0] for name in compute if name in t.spans)
+                for t in run.got.ranks.values()
+            )
+            * 1e-9
+        )
+    return max(0.0, slowest / own - 1.0) if own > 0 else 0.0
+
+
 def step_collectives(runs: list[RefRun]) -> list[CommSample]:
     """The collectives of every reference step as a typical rank ran them (each one's median
     over the ranks), from issue to the wait of the op that reads it (the compute it was
@@ -273,19 +307,14 @@ def step_collectives(runs: list[RefRun]) -> list[CommSample]:
         seen = run.got.typical_op_seconds()
         for program in _programs(run):
             for op in program.ops:
-                if op.name not in seen:
-                    continue
-                if op.kind == "send":  # between two pipeline stages' ranks
-                    size = int(sent_bytes(program, op.inputs[0]))
-                    samples.append(CommSample("send", 2, size, seen[op.name]))
-                    continue
-                if op.comm is None:
+                if op.comm is None or op.name not in seen:
                     continue
                 n = len(comm_op_group(program.mesh, program.mesh.ranks[0], op.comm.axis))
                 f = factor(op.comm.kind, n) if n > 1 else 0.0
                 if f > 0:
                     size = int(op.comm.bytes_per_rank / f)
                     samples.append(CommSample(op.comm.kind, n, size, seen[op.name]))
+        samples += hop_samples(run)
     return samples
 
 
@@ -294,6 +323,42 @@ def _programs(run: RefRun) -> list[DistProgram]:
     if run.got.pipeline is None:
         return [run.plan.program]
     return list(run.got.pipeline.stages)
+
+
+def hop_samples(run: RefRun) -> list[CommSample]:
+    """A pipelined reference's hops between stages as `send` samples: from the sender's
+    issue to the end of the matching recv (same tag, same position in the peer stage's
+    ranks), where the receiver was already waiting, on the clock the ranks of this host
+    share (`RankTiming.t0_ns`, the same step on every rank). Inside a step a waiting
+    receiver is woken only when a core comes free, which the isolated link never shows."""
+    if run.got.pipeline is None:
+        return []
+    stages = run.got.pipeline.stages
+    out = []
+    for program in stages:
+        for op in program.ops:
+            if op.kind != "send":
+                continue
+            peer = stages[int(op.attrs["peer_stage"])]
+            recv = next(
+                o for o in peer.ops if o.kind == "recv" and o.attrs["tag"] == op.attrs["tag"]
+            )
+            size = int(sent_bytes(program, op.inputs[0]))
+            for sender, receiver in zip(program.mesh.ranks, peer.mesh.ranks, strict=True):
+                issued = _clock(run.got, sender, op.name, 0)
+                posted, done = (
+                    _clock(run.got, receiver, recv.name, 0),
+                    _clock(run.got, receiver, recv.name, 1),
+                )
+                if posted <= issued < done:
+                    out.append(CommSample("send", 2, size, (done - issued) * 1e-9))
+    return out
+
+
+def _clock(got: Measurement, rank: int, op: str, end: int) -> int:
+    """When op `op` started (`end` 0) or ended (1) on `rank`, on the host's clock (ns)."""
+    timing = got.ranks[rank]
+    return timing.t0_ns + timing.spans[op][end]
 
 
 def step_samples(runs: list[RefRun], cluster: Cluster, probe_s: float) -> list[StepSample]:
@@ -337,8 +402,10 @@ def describe(m: Measurements, quick: bool) -> str:
         "Llama reference plans run data parallel on the torch "
         "backend; comm_scale (per collective kind, in-step / isolated time): the "
         "collectives of one-layer dp, tp, tp + sequence parallel, ZeRO-2 and FSDP reference "
-        "steps; op_overhead (seconds per op beside its kernel): those steps' measured time "
-        f"against the model's. BLAS threads: {threads or 'library default'}. Raw samples: the "
+        "steps, and send: a 1F1B reference's hops; straggle: the slowest rank's compute of "
+        "those steps over the sum of their ops' times; op_overhead (seconds per op beside "
+        "its kernel): those steps' measured time against the model's. "
+        f"BLAS threads: {threads or 'library default'}. Raw samples: the "
         ".measurements.json beside it."
     )
 
@@ -420,7 +487,7 @@ def report_lines(cal: Calibration) -> list[str]:
         f"{c.overlap_slowdown:.2f}",
         "in-step comm_scale: "
         + (", ".join(f"{k} x{v:.2f}" for k, v in c.comm_scale.items()) or "none")
-        + f"; op_overhead {c.op_overhead * 1e6:.1f} us per op",
+        + f"; op_overhead {c.op_overhead * 1e6:.1f} us per op; straggle {c.straggle:.1%}",
         f"fit residuals: median |error| {median_abs_error(cal.fit.residuals):.1f}% over "
         f"{len(cal.fit.residuals)} samples",
     ]

@@ -290,8 +290,8 @@ def fit_all(m: Measurements) -> Fit:
 def cluster_of(fit: Fit, m: Measurements, name: str, description: str, hbm_bytes: float) -> Cluster:
     """The Cluster of a fit: one node of `m.nproc` devices. The launch overhead is the
     backend's measured per-op floor, else the elementwise intercept; matmul's ramp
-    (`cost.compute.MATMUL_RAMP_SECONDS`) is the model's own; `comm_scale` and `op_overhead`
-    come from the reference steps when measured (else none and 0)."""
+    (`cost.compute.MATMUL_RAMP_SECONDS`) is the model's own; `comm_scale`, `op_overhead`
+    and `straggle` come from the reference steps when measured (else none and 0)."""
     main = fit.compute[0]
     # the model's matmul efficiency is on the dtype's peak: keep each dtype's own
     flops = {c.dtype: c.peak_flops * c.matmul_efficiency / main.matmul_efficiency
@@ -320,6 +320,7 @@ def cluster_of(fit: Fit, m: Measurements, name: str, description: str, hbm_bytes
         memory_efficiency=main.memory_efficiency,
         comm_scale=comm_scale,
         op_overhead=op_overhead,
+        straggle=m.straggle or 0.0,
         description=description,
         source="shardlab calibrate",
     )

@@ -160,6 +160,9 @@ class Measurements:
     steps: list[StepSample] = field(default_factory=list)
     #: seconds of matmuls alone, an all_reduce alone, and both at once (module docstring)
     contention: tuple[float, float, float] | None = None
+    #: the reference steps' slowest-rank compute over the sum of their ops' own times, less
+    #: one (`runtime.calibrate.straggle_of`), when measured
+    straggle: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -173,6 +176,7 @@ class Measurements:
             "op_floor_s": self.op_floor_s,
             "step_comm": [asdict(s) for s in self.step_comm],
             "steps": [asdict(s) for s in self.steps],
+            "straggle": self.straggle,
         }
 
     @classmethod
@@ -189,6 +193,7 @@ class Measurements:
             [CommSample(**s) for s in data.get("step_comm", [])],
             [StepSample(**s) for s in data.get("steps", [])],
             _triple(data.get("contention")),
+            data.get("straggle"),
         )
 
 

@@ -164,15 +164,18 @@ def flat_job(
 class RankTiming:
     """One rank's timed steps (nanoseconds, relative to the rank's barrier exit).
 
-    `spans`: op name -> (start, end) in the kept step whose wall time is the median (one
-    consistent schedule, for a trace); `durations`: op name -> median duration over the kept
-    steps (at least 1 ns); `step_ns`: the wall time of every kept step.
+    `spans`: op name -> (start, end) in one kept step, the same on every rank: the one
+    whose slowest rank's wall time is the median (one consistent schedule, for a trace);
+    `t0_ns`: that step's start on this rank's `time.perf_counter_ns` clock (the ranks of one
+    host share it, so their spans line up); `durations`: op name -> median duration over
+    the kept steps (at least 1 ns); `step_ns`: the wall time of every kept step.
     """
 
     rank: int
     spans: dict[str, tuple[int, int]]
     durations: dict[str, int]
     step_ns: list[int] = field(default_factory=list)
+    t0_ns: int = 0
 
     @property
     def step_median_ns(self) -> float:
@@ -202,8 +205,9 @@ def time_steps(
     """Time `run` (a rank's program, its groups joined) for `warmup + steps` steps, each from
     its sources, after a barrier; `end_step`, when given, ends every step inside its wall
     time (a pipeline rank waits for its sends). The warm-up steps are dropped."""
-    _, dist = torch_modules()
+    torch, dist = torch_modules()
     kept: list[tuple[int, dict[int, tuple[int, int]]]] = []
+    starts: list[int] = []
     for n in range(warmup + steps):
         run.blocks, run.pending, run.spans, run.issued = dict(run.sources), {}, {}, {}
         run.device.synchronize()
@@ -216,7 +220,13 @@ def time_steps(
         wall = time.perf_counter_ns() - run.t0
         if n >= warmup:
             kept.append((wall, run.spans))
-    return _timing(run.program, run.me, kept)
+            starts.append(run.t0)
+    # every rank keeps the spans of the same step: the slowest rank's walls, agreed on
+    slowest = torch.tensor([w for w, _ in kept], dtype=torch.int64, device=run.device.current())
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    walls = slowest.tolist()
+    common = sorted(range(len(kept)), key=lambda k: walls[k])[len(kept) // 2]
+    return _timing(run.program, run.me, kept, common, starts[common])
 
 
 def check_timing(steps: int, warmup: int) -> None:
@@ -230,18 +240,22 @@ def check_timing(steps: int, warmup: int) -> None:
 
 
 def _timing(
-    program: DistProgram, me: int, kept: list[tuple[int, dict[int, tuple[int, int]]]]
+    program: DistProgram,
+    me: int,
+    kept: list[tuple[int, dict[int, tuple[int, int]]]],
+    common: int,
+    t0_ns: int,
 ) -> RankTiming:
-    """The median step's spans and every op's median duration over the kept steps."""
+    """Step `common`'s spans (started at `t0_ns`) and every op's median duration over the
+    kept steps."""
     walls = [w for w, _ in kept]
-    median_step = sorted(range(len(kept)), key=lambda k: walls[k])[len(kept) // 2]
     names = [op.name for op in program.ops]
-    spans = {names[i]: se for i, se in sorted(kept[median_step][1].items())}
+    spans = {names[i]: se for i, se in sorted(kept[common][1].items())}
     durations = {
         names[i]: max(1, int(statistics.median(s[i][1] - s[i][0] for _, s in kept)))
         for i in kept[0][1]
     }
-    return RankTiming(me, spans, durations, walls)
+    return RankTiming(me, spans, durations, walls, t0_ns)
 
 
 class RankRun:

@@ -1,5 +1,6 @@
 """A calibrated cluster's optional figures: `comm_scale` (per collective kind, a factor on its
-time) and `op_overhead` (seconds added to every op). Absent, they change nothing (the GPU
+time), `op_overhead` (seconds added to every op) and `straggle` (a fraction every compute op's
+kernel time grows by). Absent, they change nothing (the GPU
 presets' predictions stay what they were); present, they change exactly the times the
 cluster documents; bad values are ClusterErrors naming the field."""
 
@@ -32,9 +33,9 @@ def with_fields(cluster: Cluster, **fields: object) -> Cluster:
 
 
 def test_presets_have_neither_and_explicit_defaults_predict_the_same_plan() -> None:
-    assert H100.comm_scale == {} and H100.op_overhead == 0.0
-    assert "comm_scale" not in H100.to_json() and "op_overhead" not in H100.to_json()
-    same = with_fields(H100, comm_scale={}, op_overhead=0.0)
+    assert H100.comm_scale == {} and H100.op_overhead == 0.0 and H100.straggle == 0.0
+    assert not {"comm_scale", "op_overhead", "straggle"} & set(H100.to_json())
+    same = with_fields(H100, comm_scale={}, op_overhead=0.0, straggle=0.0)
     assert same == H100
     graph = build_model("llama3-8b", TINY)
     strategy = Strategy.build("dp=2,tp=2", ["dp", "megatron_tp"])
@@ -77,6 +78,17 @@ def test_op_overhead_is_added_to_every_step_and_every_compute_op() -> None:
     assert load_cluster("cpu-local").op_overhead == 0.0
 
 
+def test_straggle_stretches_each_compute_ops_kernel_time_not_its_overhead() -> None:
+    overhead = 25e-6
+    busy = with_fields(H100, op_overhead=overhead)
+    late = with_fields(H100, op_overhead=overhead, straggle=0.25)
+    plan = build_plan(build_model("llama3-8b", TINY), Strategy.build("dp=2", ["dp"]))
+    base = program_op_times(plan.program, busy)
+    got = program_op_times(plan.program, late)
+    assert all(got[k] == pytest.approx(overhead + 1.25 * (base[k] - overhead)) for k in base)
+    assert any(got[k] == pytest.approx(overhead) for k in base)  # a view: no kernel time
+
+
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
@@ -87,6 +99,8 @@ def test_op_overhead_is_added_to_every_step_and_every_compute_op() -> None:
         ({"op_overhead": -1e-6}, "op_overhead"),
         ({"op_overhead": "fast"}, "op_overhead"),
         ({"op_overhead": float("inf")}, "op_overhead"),
+        ({"straggle": -0.1}, "straggle"),
+        ({"straggle": "late"}, "straggle"),
     ],
 )
 def test_bad_values_name_the_field(fields: dict[str, object], named: str) -> None:
@@ -97,6 +111,7 @@ def test_bad_values_name_the_field(fields: dict[str, object], named: str) -> Non
 
 
 def test_the_fields_round_trip_through_json() -> None:
-    c = with_fields(H100, comm_scale={"all_gather": 2.5}, op_overhead=4e-5)
+    c = with_fields(H100, comm_scale={"all_gather": 2.5}, op_overhead=4e-5, straggle=0.2)
     assert c.to_json()["comm_scale"] == {"all_gather": 2.5} and c.to_json()["op_overhead"] == 4e-5
+    assert c.to_json()["straggle"] == 0.2
     assert Cluster.from_json(c.to_json()) == c

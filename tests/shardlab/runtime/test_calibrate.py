@@ -16,7 +16,16 @@ from shardlab.cost.clusters import Cluster, Link, load_cluster
 from shardlab.cost.comm import factor, ring_time, steps
 from shardlab.cost.compute import roofline_time
 from shardlab.errors import ClusterError
-from shardlab.runtime.calibrate import median_run, side_file
+from shardlab.models import build_model
+from shardlab.plan import Plan, build_plan
+from shardlab.runtime.calibrate import (
+    REFERENCE_STEPS,
+    RefRun,
+    hop_samples,
+    median_run,
+    side_file,
+    straggle_of,
+)
 from shardlab.runtime.calibrate_fit import (
     MAX_SLOWDOWN,
     MIN_ROOFLINE_S,
@@ -40,10 +49,16 @@ from shardlab.runtime.calibrate_measure import (
     Measurements,
     StepSample,
 )
+from shardlab.runtime.measure import Measurement
+from shardlab.runtime.measure_pipeline import executable_pipeline
+from shardlab.runtime.torch_rank import RankTiming
+from shardlab.strategy import Strategy
 
 RATE, LAUNCH = 5e10, 3e-6  # matmul FLOP/s, per-op seconds
 BANDWIDTH = 2e10  # bytes/s of elementwise ops
 LINK_BW, LINK_LAT = 1.5e9, 4e-5
+TINY = {"layers": 1, "hidden": 32, "heads": 4, "kv_heads": 2, "ffn": 64, "vocab": 64, "seq": 8,
+        "batch": 4, "dtype": "float32"}  # fmt: skip
 
 
 def matmuls(dtype: str = "float32", rate: float = RATE) -> list[ComputeSample]:
@@ -220,6 +235,7 @@ def test_measurements_round_trip_through_json() -> None:
     m.step_comm = [CommSample("reduce_scatter", 2, 1 << 16, 1e-3)]
     m.steps = [StepSample("llama zero2", 128, 0.03, 0.02, 56.0)]
     m.contention = (2e-3, 2e-3, 4e-3)
+    m.straggle = 0.2
     assert Measurements.from_json(json.loads(json.dumps(m.to_json()))) == m
 
 
@@ -243,10 +259,12 @@ def test_quick_calibration_writes_a_profile_plan_accepts(tmp_path: Path) -> None
     assert {s["kind"] for s in raw["step_comm"]} == kinds
     assert set(cluster.comm_scale) == kinds
     assert cluster.op_overhead >= 0 and len(raw["steps"]) == 6 and raw["contention"]
+    assert raw["straggle"] is not None and cluster.straggle == raw["straggle"] >= 0
     labels = {r["sample"] for r in raw["residuals"]}
     assert "step: llama zero2" in labels and "in step: reduce_scatter" in " ".join(labels)
     assert "step: llama pp 1F1B" in labels and "in step: send n=2" in " ".join(labels)
     assert "comm_scale" in got.output and "step: llama fsdp" in got.output
+    assert "straggle" in got.output
     sets = ["layers=1", "hidden=64", "heads=4", "kv_heads=2", "ffn=128", "vocab=64", "seq=8"]
     args = ["plan", "llama3-8b", *[a for s in sets for a in ("--set", s)], "--mesh", "dp=2",
             "--template", "dp", "--cluster", str(out)]  # fmt: skip
@@ -287,3 +305,52 @@ def test_a_kinds_fixed_cost_and_rate_are_told_apart() -> None:
     assert got == pytest.approx(roofline_time("adamw", 0, 10**6, "float32", gpu) + 40e-6)
     with pytest.raises(ClusterError, match=r"kernel_overhead\.adamw"):
         Cluster.from_json({**gpu.to_json(), "kernel_overhead": {"adamw": -1}})
+
+
+def _timed_run(plan: Plan, ranks: dict[int, RankTiming], pipelined: bool = False) -> RefRun:
+    """A reference run of `plan` whose ranks 'measured' `ranks`."""
+    ref = next(r for r in REFERENCE_STEPS if r.pipelined == pipelined)
+    pipeline = executable_pipeline(plan) if pipelined else None
+    return RefRun(ref, plan, Measurement(plan.program, ranks, 1, 0, pipeline))
+
+
+def test_straggle_is_the_slowest_ranks_compute_beyond_its_ops_own_times() -> None:
+    """Every compute op takes 1 us on both ranks (the median over steps); in the kept step
+    rank 1 lost time slices and its compute took 1.5 us per op: straggle 0.5. Ops whose
+    spans add up to their times give none, and shorter spans never a negative one."""
+    plan = build_plan(build_model("llama3-8b", TINY), Strategy.build("dp=2", ["dp"]),
+                      cluster="cpu-local")  # fmt: skip
+    names = [op.name for op in plan.program.ops]
+
+    def timing(rank: int, span_ns: int) -> RankTiming:
+        return RankTiming(rank, {n: (0, span_ns) for n in names}, dict.fromkeys(names, 1000))
+
+    assert straggle_of([_timed_run(plan, {0: timing(0, 1000), 1: timing(1, 1500)})]) == (
+        pytest.approx(0.5)
+    )
+    even = straggle_of([_timed_run(plan, {0: timing(0, 1000), 1: timing(1, 1000)})])
+    assert even == pytest.approx(0.0, abs=1e-9)
+    assert straggle_of([_timed_run(plan, {0: timing(0, 500), 1: timing(1, 800)})]) == 0.0
+
+
+def test_a_hop_runs_from_the_senders_issue_to_the_waiting_receivers_completion() -> None:
+    """Two ranks on pp=2, clocks of one host: a hop counts only where the receiver was
+    already waiting, from the send's issue to the recv's end."""
+    strategy = Strategy.build("pp=2", [], [], {"pipeline": {"schedule": "1f1b",
+                                                            "microbatches": 2}})  # fmt: skip
+    plan = build_plan(build_model("llama3-8b", {**TINY, "layers": 2}), strategy,
+                      cluster="cpu-local")  # fmt: skip
+    stages = executable_pipeline(plan).stages
+    (first, second, *_) = [op for op in stages[0].ops if op.kind == "send"]
+    recvs = {op.attrs["tag"]: op.name for op in stages[1].ops if op.kind == "recv"}
+    spans0 = {op.name: (0, 0) for op in stages[0].ops}
+    spans1 = {op.name: (0, 0) for op in stages[1].ops}
+    spans0[first.name] = (1_000, 1_200)  # issued at 11_000 on the host's clock
+    spans1[recvs[first.attrs["tag"]]] = (0, 3_000)  # waiting since 10_500, done at 13_500
+    spans0[second.name] = (5_000, 5_100)  # issued at 15_000
+    spans1[recvs[second.attrs["tag"]]] = (6_000, 6_100)  # posted at 16_500: not waiting
+    ranks = {0: RankTiming(0, spans0, {}, t0_ns=10_000), 1: RankTiming(1, spans1, {}, t0_ns=10_500)}
+    hops = hop_samples(_timed_run(plan, ranks, pipelined=True))
+    size = 4 * TINY["seq"] * TINY["hidden"] * TINY["batch"] // 2  # one micro-batch, float32
+    assert [(h.kind, h.ranks, h.size) for h in hops] == [("send", 2, size)]
+    assert hops[0].seconds == pytest.approx(2_500e-9)
