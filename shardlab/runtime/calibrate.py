@@ -277,23 +277,22 @@ def straggle_of(runs: list[RefRun]) -> float:
     ops' own times (each its longest over the ranks, `Measurement.slowest_op_seconds`),
     summed over `runs`, less one (never below 0): ranks that share cores are descheduled
     for whole time slices, now this rank, now that one, and the step waits for the rank
-    that lost the most. The compute of one step is the sum of its spans in the step every
-    rank kept (`RankTiming.spans`)."""
+    that lost the most. A step's compute on a rank is the sum of its compute ops' spans
+    (`RankTiming.compute_ns`); per reference, the median over its steps of the slowest
+    rank's."""
     from shardlab.runtime.measure import is_comm
 
     own = slowest = 0.0
     for run in runs:
         compute = [op.name for op in run.plan.program.ops
                    if not is_comm(op) and op.kind not in hz.SYNC_KINDS]  # fmt: skip
+        per_step = [max(step) for step in
+                    zip(*(t.compute_ns for t in run.got.ranks.values()), strict=False)]  # fmt: skip
+        if not per_step:
+            continue
         times = run.got.slowest_op_seconds()
         own += sum(times.get(name, 0.0) for name in compute)
-        slowest += (
-            max(
-                sum(t.spans[name][1] - t.spans[name][0] for name in compute if name in t.spans)
-                for t in run.got.ranks.values()
-            )
-            * 1e-9
-        )
+        slowest += statistics.median(per_step) * 1e-9
     return max(0.0, slowest / own - 1.0) if own > 0 else 0.0
 
 

@@ -44,6 +44,7 @@ completion; a `wait` / `hold` / `free` op's span includes completing its predece
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -168,7 +169,9 @@ class RankTiming:
     whose slowest rank's wall time is the median (one consistent schedule, for a trace);
     `t0_ns`: that step's start on this rank's `time.perf_counter_ns` clock (the ranks of one
     host share it, so their spans line up); `durations`: op name -> median duration over
-    the kept steps (at least 1 ns); `step_ns`: the wall time of every kept step.
+    the kept steps (at least 1 ns); `step_ns`: the wall time of every kept step;
+    `compute_ns`: the summed spans of its compute ops (not comm, transfer or sync) in every
+    kept step.
     """
 
     rank: int
@@ -176,6 +179,7 @@ class RankTiming:
     durations: dict[str, int]
     step_ns: list[int] = field(default_factory=list)
     t0_ns: int = 0
+    compute_ns: list[int] = field(default_factory=list)
 
     @property
     def step_median_ns(self) -> float:
@@ -208,6 +212,9 @@ def time_steps(
     torch, dist = torch_modules()
     kept: list[tuple[int, dict[int, tuple[int, int]]]] = []
     starts: list[int] = []
+    compute = [i for i, op in enumerate(run.program.ops) if op.comm is None
+               and op.kind not in hz.P2P_KINDS and op.kind not in hz.SYNC_KINDS]  # fmt: skip
+    computed: list[int] = []
     for n in range(warmup + steps):
         run.blocks, run.pending, run.spans, run.issued = dict(run.sources), {}, {}, {}
         run.device.synchronize()
@@ -221,12 +228,15 @@ def time_steps(
         if n >= warmup:
             kept.append((wall, run.spans))
             starts.append(run.t0)
+            computed.append(sum(run.spans[i][1] - run.spans[i][0] for i in compute
+                                if i in run.spans))  # fmt: skip
     # every rank keeps the spans of the same step: the slowest rank's walls, agreed on
     slowest = torch.tensor([w for w, _ in kept], dtype=torch.int64, device=run.device.current())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     walls = slowest.tolist()
     common = sorted(range(len(kept)), key=lambda k: walls[k])[len(kept) // 2]
-    return _timing(run.program, run.me, kept, common, starts[common])
+    timing = _timing(run.program, run.me, kept, common, starts[common])
+    return dataclasses.replace(timing, compute_ns=computed)
 
 
 def check_timing(steps: int, warmup: int) -> None:

@@ -18,6 +18,7 @@ from shardlab.cost.compute import roofline_time
 from shardlab.errors import ClusterError
 from shardlab.models import build_model
 from shardlab.plan import Plan, build_plan
+from shardlab.runtime import hazards as hz
 from shardlab.runtime.calibrate import (
     REFERENCE_STEPS,
     RefRun,
@@ -49,7 +50,7 @@ from shardlab.runtime.calibrate_measure import (
     Measurements,
     StepSample,
 )
-from shardlab.runtime.measure import Measurement
+from shardlab.runtime.measure import Measurement, is_comm
 from shardlab.runtime.measure_pipeline import executable_pipeline
 from shardlab.runtime.torch_rank import RankTiming
 from shardlab.strategy import Strategy
@@ -315,22 +316,25 @@ def _timed_run(plan: Plan, ranks: dict[int, RankTiming], pipelined: bool = False
 
 
 def test_straggle_is_the_slowest_ranks_compute_beyond_its_ops_own_times() -> None:
-    """Every compute op takes 1 us on both ranks (the median over steps); in the kept step
-    rank 1 lost time slices and its compute took 1.5 us per op: straggle 0.5. Ops whose
-    spans add up to their times give none, and shorter spans never a negative one."""
+    """Every compute op takes 1 us on both ranks (its median over the steps); in each step
+    one rank or the other lost time slices: the slowest rank's compute per step, 1.5 x, 1.2 x
+    and 2 x the ops' sum, has median 1.5 x: straggle 0.5. Steps whose compute adds up to
+    their ops' times give none, and shorter ones never a negative one."""
     plan = build_plan(build_model("llama3-8b", TINY), Strategy.build("dp=2", ["dp"]),
                       cluster="cpu-local")  # fmt: skip
     names = [op.name for op in plan.program.ops]
+    ops = sum(1 for op in plan.program.ops if not is_comm(op) and op.kind not in hz.SYNC_KINDS)
 
-    def timing(rank: int, span_ns: int) -> RankTiming:
-        return RankTiming(rank, {n: (0, span_ns) for n in names}, dict.fromkeys(names, 1000))
+    def timing(rank: int, *per_op_ns: int) -> RankTiming:
+        return RankTiming(rank, {}, dict.fromkeys(names, 1000),
+                          compute_ns=[ops * ns for ns in per_op_ns])  # fmt: skip
 
-    assert straggle_of([_timed_run(plan, {0: timing(0, 1000), 1: timing(1, 1500)})]) == (
-        pytest.approx(0.5)
-    )
-    even = straggle_of([_timed_run(plan, {0: timing(0, 1000), 1: timing(1, 1000)})])
-    assert even == pytest.approx(0.0, abs=1e-9)
-    assert straggle_of([_timed_run(plan, {0: timing(0, 500), 1: timing(1, 800)})]) == 0.0
+    late = {0: timing(0, 1500, 1000, 1000), 1: timing(1, 1000, 1200, 2000)}
+    assert straggle_of([_timed_run(plan, late)]) == pytest.approx(0.5)
+    even = {0: timing(0, 1000, 1000), 1: timing(1, 1000, 1000)}
+    assert straggle_of([_timed_run(plan, even)]) == pytest.approx(0.0, abs=1e-9)
+    fast = {0: timing(0, 500), 1: timing(1, 800)}
+    assert straggle_of([_timed_run(plan, fast)]) == 0.0
 
 
 def test_a_hop_runs_from_the_senders_issue_to_the_waiting_receivers_completion() -> None:
