@@ -149,19 +149,19 @@ class Measurements:
     comm: list[CommSample] = field(default_factory=list)
     #: seconds of one matmul alone and while an all_reduce is in flight
     overlap: tuple[float, float] | None = None
-    #: per op kind of the reference plans (`runtime.calibrate.kernel_samples`)
+    #: per op kind of the reference plans (`runtime.calibrate_steps.kernel_samples`)
     kernels: list[KernelSample] = field(default_factory=list)
     #: the torch backend's per-op seconds (ops that do no work), when measured
     op_floor_s: float | None = None
     #: collectives timed inside the reference steps, issue to wait
-    #: (`runtime.calibrate.step_collectives`)
+    #: (`runtime.calibrate_steps.step_collectives`)
     step_comm: list[CommSample] = field(default_factory=list)
-    #: the reference steps (`runtime.calibrate.step_samples`)
+    #: the reference steps (`runtime.calibrate_steps.step_samples`)
     steps: list[StepSample] = field(default_factory=list)
     #: seconds of matmuls alone, an all_reduce alone, and both at once (module docstring)
     contention: tuple[float, float, float] | None = None
     #: the reference steps' slowest-rank compute over the sum of their ops' own times, less
-    #: one (`runtime.calibrate.straggle_of`), when measured
+    #: one (`runtime.calibrate_steps.straggle_of`), when measured
     straggle: float | None = None
 
     def to_json(self) -> dict[str, Any]:

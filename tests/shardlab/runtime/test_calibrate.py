@@ -19,14 +19,7 @@ from shardlab.errors import ClusterError
 from shardlab.models import build_model
 from shardlab.plan import Plan, build_plan
 from shardlab.runtime import hazards as hz
-from shardlab.runtime.calibrate import (
-    REFERENCE_STEPS,
-    RefRun,
-    hop_samples,
-    median_run,
-    side_file,
-    straggle_of,
-)
+from shardlab.runtime.calibrate import side_file
 from shardlab.runtime.calibrate_fit import (
     MAX_SLOWDOWN,
     MIN_ROOFLINE_S,
@@ -49,6 +42,13 @@ from shardlab.runtime.calibrate_measure import (
     KernelSample,
     Measurements,
     StepSample,
+)
+from shardlab.runtime.calibrate_steps import (
+    REFERENCE_STEPS,
+    RefRun,
+    hop_samples,
+    median_run,
+    straggle_of,
 )
 from shardlab.runtime.measure import Measurement, is_comm
 from shardlab.runtime.measure_pipeline import executable_pipeline
