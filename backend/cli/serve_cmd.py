@@ -71,7 +71,7 @@ def serve(
 
             team_id = admin_team_id(factory)
             if team_id is None:
-                with transaction(factory) as session:
+                with transaction(factory, immediate=True) as session:
                     team_id = ensure_team(session, ADMIN_TEAM).id
             added = seed_demo(factory, team_id, settings)
             if added:

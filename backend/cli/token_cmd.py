@@ -66,7 +66,7 @@ def create(
     from backend.orm import User
 
     factory = _sessions()
-    with transaction(factory) as session:
+    with transaction(factory, immediate=True) as session:
         team_id = ensure_team(session, team).id
         user_id = None
         if user is not None:
@@ -121,7 +121,7 @@ def revoke(token_id: Annotated[int, typer.Argument(metavar="ID", help="The token
     from backend.orm import ApiToken
 
     factory = _sessions()
-    with transaction(factory) as session:
+    with transaction(factory, immediate=True) as session:
         token = session.get(ApiToken, token_id)
         if token is None:
             typer.echo(f"error: no token with id {token_id}", err=True)

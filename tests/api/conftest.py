@@ -46,10 +46,12 @@ def app(settings: Settings) -> Iterator[FastAPI]:
 
 
 def token_for(settings: Settings, team: str, name: str = "test") -> str:
-    """A fresh API token of `team` (created if missing)."""
+    """A fresh API token of `team` (created if missing), in a transaction that takes
+    SQLite's write lock at BEGIN: a served app's worker may commit between its read and its
+    write, which fails a deferred transaction at once ("database is locked")."""
     engine = make_engine(settings.database_url)
     try:
-        with transaction(session_factory(engine)) as session:
+        with transaction(session_factory(engine), immediate=True) as session:
             return create_token(session, ensure_team(session, team).id, name)
     finally:
         engine.dispose()
