@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 from shardlab.cost.clusters import Cluster
 from shardlab.cost.comm import collective_time
-from shardlab.ir import DTYPE_BYTES, TensorType
-from shardlab.placement import Shard, local_shape
+from shardlab.ir import DTYPE_BYTES
+from shardlab.placement import DistSpec, Shard, local_shape
 from shardlab.program import DistOp, DistProgram
 
 #: kernel name -> all-reduces it issues over the axes that shard its logits' vocab dim
@@ -33,15 +33,13 @@ MIDOP_REDUCTIONS: Mapping[str, int] = {
 }
 
 
-def midop_axes(program: DistProgram, op: DistOp) -> tuple[str, ...]:
+def midop_axes(spec: DistSpec, ndim: int) -> tuple[str, ...]:
     """The mesh axes a kernel of `MIDOP_REDUCTIONS` reduces over: those sharding the last
-    dim of the op's first input."""
-    spec = program.specs[op.inputs[0]]
-    last = len(program.types[op.inputs[0]].shape) - 1
+    dim of its first input (`spec`, of `ndim` dims)."""
     return tuple(
         spec.mesh.axis_names[k]
         for k, p in enumerate(spec.placements)
-        if isinstance(p, Shard) and p.dim == last
+        if isinstance(p, Shard) and p.dim == ndim - 1
     )
 
 
@@ -59,11 +57,10 @@ def midop_seconds(program: DistProgram, op: DistOp, cluster: Cluster) -> float:
     count = MIDOP_REDUCTIONS.get(op.kernel, 0)
     if count == 0:
         return 0.0
-    axes = midop_axes(program, op)
+    t, spec = program.types[op.inputs[0]], program.specs[op.inputs[0]]
+    axes = midop_axes(spec, len(t.shape))
     if not axes:
         return 0.0
-    t: TensorType = program.types[op.inputs[0]]
-    spec = program.specs[op.inputs[0]]
     local = local_shape(t.shape, spec.mesh, spec.placements)
     size = math.prod(local[:-1]) * DTYPE_BYTES[t.dtype]
     group = midop_group(program, axes, program.mesh.ranks[0])

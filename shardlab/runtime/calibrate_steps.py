@@ -199,12 +199,9 @@ def straggle_of(runs: list[RefRun]) -> float:
     that lost the most. A step's compute on a rank is the sum of its compute ops' spans
     (`RankTiming.compute_ns`); per reference, the median over its steps of the slowest
     rank's."""
-    from shardlab.runtime.measure import is_comm
-
     own = slowest = 0.0
     for run in runs:
-        compute = [op.name for op in run.plan.program.ops
-                   if not is_comm(op) and op.kind not in hz.SYNC_KINDS]  # fmt: skip
+        compute = [op.name for op in run.plan.program.ops if hz.is_compute(op)]
         per_step = [max(step) for step in
                     zip(*(t.compute_ns for t in run.got.ranks.values()), strict=False)]  # fmt: skip
         if not per_step:
@@ -253,14 +250,14 @@ def hop_samples(run: RefRun) -> list[CommSample]:
         return []
     stages = run.got.pipeline.stages
     out = []
+    recv_of = {(s, op.attrs["tag"]): op for s, program in enumerate(stages)
+               for op in program.ops if op.kind == "recv"}  # fmt: skip
     for program in stages:
         for op in program.ops:
             if op.kind != "send":
                 continue
             peer = stages[int(op.attrs["peer_stage"])]
-            recv = next(
-                o for o in peer.ops if o.kind == "recv" and o.attrs["tag"] == op.attrs["tag"]
-            )
+            recv = recv_of[int(op.attrs["peer_stage"]), op.attrs["tag"]]
             size = int(sent_bytes(program, op.inputs[0]))
             for sender, receiver in zip(program.mesh.ranks, peer.mesh.ranks, strict=True):
                 issued = _clock(run.got, sender, op.name, 0)

@@ -106,6 +106,11 @@ def is_async(op: DistOp) -> bool:
     return op.stream.startswith("comm:") or op.kind in P2P_KINDS
 
 
+def is_compute(op: DistOp) -> bool:
+    """Whether `op` computes: neither a collective, a transfer nor a sync op."""
+    return op.comm is None and op.kind not in P2P_KINDS and op.kind not in SYNC_KINDS
+
+
 def reads_data(op: DistOp) -> bool:
     """Whether `op` reads the data of its inputs (wait, hold and free do not)."""
     return op.kind not in SYNC_KINDS

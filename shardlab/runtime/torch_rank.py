@@ -44,7 +44,6 @@ completion; a `wait` / `hold` / `free` op's span includes completing its predece
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -212,8 +211,7 @@ def time_steps(
     torch, dist = torch_modules()
     kept: list[tuple[int, dict[int, tuple[int, int]]]] = []
     starts: list[int] = []
-    compute = [i for i, op in enumerate(run.program.ops) if op.comm is None
-               and op.kind not in hz.P2P_KINDS and op.kind not in hz.SYNC_KINDS]  # fmt: skip
+    compute = [i for i, op in enumerate(run.program.ops) if hz.is_compute(op)]
     computed: list[int] = []
     for n in range(warmup + steps):
         run.blocks, run.pending, run.spans, run.issued = dict(run.sources), {}, {}, {}
@@ -235,8 +233,7 @@ def time_steps(
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     walls = slowest.tolist()
     common = sorted(range(len(kept)), key=lambda k: walls[k])[len(kept) // 2]
-    timing = _timing(run.program, run.me, kept, common, starts[common])
-    return dataclasses.replace(timing, compute_ns=computed)
+    return _timing(run.program, run.me, kept, common, starts[common], computed)
 
 
 def check_timing(steps: int, warmup: int) -> None:
@@ -255,9 +252,10 @@ def _timing(
     kept: list[tuple[int, dict[int, tuple[int, int]]]],
     common: int,
     t0_ns: int,
+    compute_ns: list[int],
 ) -> RankTiming:
-    """Step `common`'s spans (started at `t0_ns`) and every op's median duration over the
-    kept steps."""
+    """Step `common`'s spans (started at `t0_ns`), every op's median duration over the
+    kept steps and each kept step's summed compute spans."""
     walls = [w for w, _ in kept]
     names = [op.name for op in program.ops]
     spans = {names[i]: se for i, se in sorted(kept[common][1].items())}
@@ -265,7 +263,7 @@ def _timing(
         names[i]: max(1, int(statistics.median(s[i][1] - s[i][0] for _, s in kept)))
         for i in kept[0][1]
     }
-    return RankTiming(me, spans, durations, walls, t0_ns)
+    return RankTiming(me, spans, durations, walls, t0_ns, compute_ns)
 
 
 class RankRun:
