@@ -23,10 +23,10 @@ torchtitan's `pp, dp_replicate, dp_shard, tp`). Text only: no torch, no toml lib
 
 from __future__ import annotations
 
-import json
 import math
 
 from shardlab.export.dtensor import DATA, FSDP, IDLE, TENSOR, DTensorExport, derive_export
+from shardlab.export.literals import comment_text, toml_str
 from shardlab.export.parameters import PIPELINE_AXIS, ExportError
 from shardlab.ir import ValueKind
 from shardlab.plan import Plan
@@ -43,7 +43,7 @@ def _toml(value: object) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, str):
-        return json.dumps(value)
+        return toml_str(value)
     return str(value)
 
 
@@ -90,15 +90,18 @@ def render_torchtitan(plan: Plan) -> str:
             batch=batch,
         )
     local = batch // (shard * replicate)
-    comments = [f"# Shardlab plan: {plan.strategy.describe()}", *(f"# {n}." for n in export.notes)]
+    # user text (annotation globs, value and axis names) only through `comment_text`
+    comments = [f"# Shardlab plan: {comment_text(plan.strategy.describe())}",
+                *(f"# {comment_text(n)}." for n in export.notes)]  # fmt: skip
     roles = {a: r for a, r in export.roles.items()}
-    comments += [f"# mesh axis {a!r} is idle (no placement uses it)." for a, r in roles.items()
-                 if r == IDLE]  # fmt: skip
+    comments += [f"# mesh axis {comment_text(repr(a))} is idle (no placement uses it)."
+                 for a, r in roles.items() if r == IDLE]  # fmt: skip
     order = [PIPELINE_AXIS if a == PIPELINE_AXIS else roles[a] for a in export.mesh_axes]
     ranked = [r for r in order if r in TORCHTITAN_ORDER]
     if ranked != sorted(ranked, key=TORCHTITAN_ORDER.index):
         comments.append(
-            f"# the plan's mesh order ({', '.join(export.mesh_axes)}) differs from torchtitan's "
+            f"# the plan's mesh order ({comment_text(', '.join(export.mesh_axes))}) differs "
+            "from torchtitan's "
             "(pp, dp_replicate, dp_shard, tp): ranks are grouped differently."
         )
     if export.tp_axis is not None and "SequenceParallel" not in {
