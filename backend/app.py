@@ -14,6 +14,7 @@ from backend.db import make_engine, session_factory
 from backend.errors import install_error_handlers
 from backend.fast_reads import FastPlanReads
 from backend.idempotency import IdempotencyMiddleware
+from backend.json_response import SafeJSONResponse
 from backend.limits import BodyLimitMiddleware
 from backend.openapi import install_openapi
 from backend.rate_limit import RateLimiter
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
+        default_response_class=SafeJSONResponse,  # no stored record breaks its own reads
         dependencies=[Depends(refuse_control_characters)],  # no control chars in path, query
     )
     pool = settings.api_slots + settings.fast_read_slots  # a connection for every slot

@@ -19,12 +19,27 @@ SESSION_COOKIE = "shardlab_session"
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """The authenticated caller: whose team's data it may read and change."""
+    """The authenticated caller: whose team's data it may read and change, and as whom.
+
+    `user_id` None is a team token (no person). `is_admin`: an admin of the caller's team;
+    `is_service_admin`: an admin of the whole service (every team). `expires_at`: when the
+    caller's token stops working (None: a browser session, or a token that never expires);
+    a token it mints never outlives it."""
 
     team_id: int
     user_id: int | None
     is_admin: bool
     via: str  # token | session
+    is_service_admin: bool = False
+    expires_at: datetime | None = None
+
+
+def bearer_secret(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header's value, else None (another
+    scheme, or an empty credential)."""
+    scheme, _, secret = header.strip().partition(" ")
+    secret = secret.strip()
+    return secret if scheme.lower() == "bearer" and secret else None
 
 
 def digest(secret: str) -> str:
@@ -81,7 +96,7 @@ def create_token(
 #: a token's principal, built once (every API request runs it)
 TOKEN_QUERY = (
     select(ApiToken.team_id, ApiToken.user_id, ApiToken.revoked_at, ApiToken.expires_at,
-           User.is_admin)
+           User.is_admin, User.is_service_admin)
     .outerjoin(User, User.id == ApiToken.user_id)
     .where(ApiToken.token_hash == bindparam("digest"))
 )  # fmt: skip
@@ -93,9 +108,13 @@ def principal_from_token(session: Session, secret: str) -> Principal | None:
     row = session.connection().execute(TOKEN_QUERY, {"digest": digest(secret)}).first()
     if row is None or row.revoked_at is not None:
         return None
-    if row.expires_at is not None and _aware(row.expires_at) <= datetime.now(UTC):
-        raise TokenExpired(_aware(row.expires_at))
-    return Principal(row.team_id, row.user_id, bool(row.is_admin), "token")
+    expires_at = _aware(row.expires_at) if row.expires_at is not None else None
+    if expires_at is not None and expires_at <= datetime.now(UTC):
+        raise TokenExpired(expires_at)
+    admin = bool(row.is_admin)
+    return Principal(row.team_id, row.user_id, admin, "token",
+                     is_service_admin=admin and bool(row.is_service_admin),
+                     expires_at=expires_at)  # fmt: skip
 
 
 def principal_from_session(session: Session, secret: str) -> Principal | None:
@@ -108,7 +127,8 @@ def principal_from_session(session: Session, secret: str) -> Principal | None:
     user = session.get(User, row.user_id)
     if user is None:
         return None
-    return Principal(user.team_id, user.id, user.is_admin, "session")
+    return Principal(user.team_id, user.id, user.is_admin, "session",
+                     is_service_admin=user.is_admin and user.is_service_admin)  # fmt: skip
 
 
 def _aware(moment: datetime) -> datetime:

@@ -46,7 +46,7 @@ def first_admin_link(factory: sessionmaker[Session], settings: Settings) -> str 
         if session.scalar(select(func.count()).select_from(User)):
             return None
         team = ensure_team(session, ADMIN_TEAM)
-        admin = User(team_id=team.id, name=ADMIN_USER, is_admin=True)
+        admin = User(team_id=team.id, name=ADMIN_USER, is_admin=True, is_service_admin=True)
         session.add(admin)
         session.flush()
         secret, _ = issue_login_link(session, admin.id, settings.login_link_ttl_s)

@@ -13,6 +13,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from backend.blobs import loads_stored
+
 
 def normalize_url(url: str) -> str:
     """`postgresql://` and `postgres://` mean psycopg 3."""
@@ -28,7 +30,8 @@ def is_sqlite(engine: Engine) -> bool:
 
 def make_engine(url: str, pool_size: int | None = None) -> Engine:
     """An engine for `url` with the pragmas and pool settings each database needs;
-    `pool_size` connections (and as many again in overflow) where a service sets it."""
+    `pool_size` connections (and as many again in overflow) where a service sets it. JSON
+    columns read through `blobs.loads_stored`: no stored record breaks its own reads."""
     url = normalize_url(url)
     pool: dict[str, Any] = {}
     in_memory = url.startswith("sqlite") and (":memory:" in url or url.rstrip("/") == "sqlite:")
@@ -36,7 +39,10 @@ def make_engine(url: str, pool_size: int | None = None) -> Engine:
         pool = {"pool_size": pool_size, "max_overflow": pool_size, "pool_timeout": 10}
     if url.startswith("sqlite"):
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            json_deserializer=loads_stored,
+            **pool,
         )
 
         @event.listens_for(engine, "connect")
@@ -55,7 +61,7 @@ def make_engine(url: str, pool_size: int | None = None) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, **pool)
+    return create_engine(url, pool_pre_ping=True, json_deserializer=loads_stored, **pool)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -13,6 +13,7 @@ from backend.auth import (
     SESSION_COOKIE,
     Principal,
     TokenExpired,
+    bearer_secret,
     principal_from_session,
     principal_from_token,
 )
@@ -81,14 +82,16 @@ def check_rate(request: Request, session: Session, principal: Principal) -> None
 
 
 def principal_of(request: Request, session: Session) -> Principal:
-    """The caller of `request`, looked up in `session` (401 when unknown)."""
-    header = request.headers.get("authorization", "")
-    if header:
-        scheme, _, secret = header.partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
+    """The caller of `request`, looked up in `session` (401 when unknown). A request with an
+    `Authorization` header is authenticated by it alone, even when it is empty (then 401):
+    it never falls back to the session cookie (`backend.security` relies on that)."""
+    header = request.headers.get("authorization")
+    if header is not None:
+        secret = bearer_secret(header)
+        if secret is None:
             raise ApiError(401, "unauthorized", "Authorization must be 'Bearer <token>'")
         try:
-            found = principal_from_token(session, secret.strip())
+            found = principal_from_token(session, secret)
         except TokenExpired as exc:
             raise ApiError(401, "token_expired", f"token expired at "
                            f"{exc.expired_at.isoformat()}: create a new one",

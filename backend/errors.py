@@ -18,9 +18,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from backend.json_response import SafeJSONResponse
 from shardlab.errors import ShardlabError
 from shardlab.user_json import path_text, too_deep
 
@@ -73,26 +73,26 @@ def _location(error: Any) -> str:
     return ".".join(part for part in (where, inside) if part)
 
 
-def _too_deep() -> JSONResponse:
+def _too_deep() -> SafeJSONResponse:
     """The answer to a body the JSON parser gave up on (RecursionError)."""
     message = f"the JSON body is {too_deep().message}"
     errors = [{"loc": "body", "msg": message, "type": "too_deep"}]
-    return JSONResponse(error_body("invalid_request", f"body: {message}", errors=errors), 422)
+    return SafeJSONResponse(error_body("invalid_request", f"body: {message}", errors=errors), 422)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error type to a `{code, message, detail}` JSON answer."""
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
+    async def api_error(request: Request, exc: ApiError) -> SafeJSONResponse:
+        return SafeJSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(ShardlabError)
-    async def shardlab_error(request: Request, exc: ShardlabError) -> JSONResponse:
-        return JSONResponse(exc.to_dict(), status_code=STATUS_BY_CODE.get(exc.code, 422))
+    async def shardlab_error(request: Request, exc: ShardlabError) -> SafeJSONResponse:
+        return SafeJSONResponse(exc.to_dict(), status_code=STATUS_BY_CODE.get(exc.code, 422))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
         errors = [
             {
                 "loc": _location(e),
@@ -103,11 +103,11 @@ def install_error_handlers(app: FastAPI) -> None:
         ]
         first = errors[0] if errors else {"loc": "request", "msg": "invalid"}
         message = f"{first['loc']}: {first['msg']}"
-        return JSONResponse(error_body("invalid_request", message, errors=errors), 422)
+        return SafeJSONResponse(error_body("invalid_request", message, errors=errors), 422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
         if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
             return _too_deep()  # FastAPI's "There was an error parsing the body"
         body = error_body(f"http_{exc.status_code}", str(exc.detail))
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        return SafeJSONResponse(body, status_code=exc.status_code, headers=exc.headers)

@@ -35,11 +35,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.db import transaction
 from backend.errors import ApiError, error_body
+from backend.json_response import SafeJSONResponse
 from backend.orm import IdempotencyKey
 
 HEADER = "idempotency-key"
@@ -180,7 +180,7 @@ def team_of(scope: Scope) -> int | None:
             return None
 
 
-def stored_answer(stored: Stored, route: str, digest: str) -> JSONResponse:
+def stored_answer(stored: Stored, route: str, digest: str) -> SafeJSONResponse:
     """The answer to a request whose key is taken: the replay, or a 409."""
     if (stored.route, stored.request_hash) != (route, digest):
         body = error_body(
@@ -189,27 +189,27 @@ def stored_answer(stored: Stored, route: str, digest: str) -> JSONResponse:
             f"({stored.route}, another body)",
             route=stored.route,
         )
-        return JSONResponse(body, status_code=409)
+        return SafeJSONResponse(body, status_code=409)
     if stored.status_code == PENDING:
         body = error_body(
             "idempotency_conflict",
             "a request with this Idempotency-Key is still being processed; retry later",
             in_progress=True,
         )
-        return JSONResponse(body, status_code=409, headers={"Retry-After": "1"})
-    return JSONResponse(
+        return SafeJSONResponse(body, status_code=409, headers={"Retry-After": "1"})
+    return SafeJSONResponse(
         stored.response, status_code=stored.status_code, headers={REPLAYED_HEADER: "true"}
     )
 
 
-def invalid_key(key: str) -> JSONResponse | None:
+def invalid_key(key: str) -> SafeJSONResponse | None:
     """422 for a key that is empty or too long, else None."""
     if 1 <= len(key) <= MAX_KEY_LENGTH:
         return None
     msg = f"must be 1 to {MAX_KEY_LENGTH} characters (got {len(key)})"
     loc = "header.Idempotency-Key"
     errors = [{"loc": loc, "msg": msg, "type": "string_length"}]
-    return JSONResponse(error_body("invalid_request", f"{loc}: {msg}", errors=errors), 422)
+    return SafeJSONResponse(error_body("invalid_request", f"{loc}: {msg}", errors=errors), 422)
 
 
 async def read_body(receive: Receive) -> bytes:

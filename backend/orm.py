@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -51,7 +52,10 @@ class User(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(100), unique=True)
+    #: a team admin: adds people to the team, deletes and revokes anything of it
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: a service admin: adds people to any team, sets teams' limits (README "Security")
+    is_service_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -106,6 +110,10 @@ class Model(Base):
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
     graph_blob: Mapped[bytes] = mapped_column(LargeBinary)
     summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    #: who made it (None: a team token, or made before authors were kept)
+    author_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), default=None
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -134,6 +142,10 @@ class Cluster(Base):
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(100))
     spec: Mapped[dict[str, Any]] = mapped_column()
+    #: who made it (None: a team token, or made before authors were kept)
+    author_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), default=None
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -175,6 +187,8 @@ class WorkerRow(Base):
     id: Mapped[str] = mapped_column(String(100), primary_key=True)
     devices: Mapped[dict[str, Any]] = mapped_column(JSON)
     engine: Mapped[str] = mapped_column(String(20), default="local")
+    #: how often `shardlab serve` restarted its worker before this one (0: the first)
+    restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 

@@ -20,6 +20,9 @@ from sqlalchemy.orm import Session
 DEFAULT_LIMIT = 100
 #: The most rows one page holds.
 MAX_LIMIT = 1000
+#: The largest offset: no list holds more rows than a 32-bit id counts (a larger number
+#: would overflow the databases' 64-bit integers past 2^63: a 422, never a 500)
+MAX_OFFSET = 2**31 - 1
 TOTAL_HEADER = "X-Total-Count"
 
 
@@ -68,7 +71,7 @@ def pages(default: int, most: int, unit: str = "Rows") -> Callable[..., Awaitabl
         request: Request,
         response: Response,
         limit: int = Query(default, ge=1, le=most, description=f"{unit} per page, 1 to {most}."),
-        offset: int = Query(0, ge=0, description=f"{unit} to skip."),
+        offset: int = Query(0, ge=0, le=MAX_OFFSET, description=f"{unit} to skip."),
     ) -> PageWindow:
         return PageWindow(limit, offset, request, response)
 

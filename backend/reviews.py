@@ -24,6 +24,7 @@ from backend.auth import Principal
 from backend.errors import ApiError
 from backend.ledger import iso
 from backend.orm import Plan, ReviewComment, ReviewEvent, ReviewRequest, User
+from backend.ownership import may_remove
 
 
 def now() -> datetime:
@@ -57,10 +58,10 @@ def member_id(session: Session, principal: Principal, name: str) -> int:
 
 
 def may_delete(principal: Principal, plan: Plan) -> bool:
-    """Admins and the plan's author may delete the plan and its threads."""
-    return principal.is_admin or (
-        principal.user_id is not None and principal.user_id == plan.author_id
-    )
+    """Admins and the plan's author may delete the plan, its threads and its baseline
+    (`backend.ownership.may_remove`: what belongs to a plan counts the plan's author as
+    its author)."""
+    return may_remove(principal, plan.author_id)
 
 
 def review_state(states: Iterable[str]) -> str:

@@ -10,21 +10,27 @@ made with the session cookie.
 - A write (POST, PUT, PATCH, DELETE) authenticated by the session cookie alone (no
   `Authorization` header) whose `Origin` names another site is refused with 403
   `forbidden_origin` before the application sees it: a page elsewhere cannot act with a
-  logged-in browser's cookie. Bearer-token requests and requests without `Origin` (curl,
-  scripts) are not concerned.
+  logged-in browser's cookie. Requests with a bearer token and requests without `Origin`
+  (curl, scripts) are not concerned; an `Authorization` header without a token (empty) does
+  not make a cookie request a token request (and is refused 401 by `deps.principal_of`).
+- An unexpected error (a bug) is answered here, inside Starlette's own last resort (which
+  answers `text/plain` without these headers): a JSON 500 `internal_error` with a short
+  reference, the traceback logged under it, the headers on it like on every answer.
 """
 
 from __future__ import annotations
 
+import logging
+import secrets
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from backend.auth import SESSION_COOKIE
+from backend.auth import SESSION_COOKIE, bearer_secret
 from backend.errors import error_body
+from backend.json_response import SafeJSONResponse
 
 CSP = "; ".join(
     (
@@ -60,6 +66,8 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
 }
+log = logging.getLogger("shardlab.api")
+
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -79,7 +87,7 @@ def foreign_origin(scope: Scope) -> str | None:
         return None
     headers = Headers(scope=scope)
     origin = headers.get("origin")
-    if origin is None or "authorization" in headers:
+    if origin is None or bearer_secret(headers.get("authorization", "")) is not None:
         return None
     if not _has_session_cookie(headers.get("cookie", "")):
         return None
@@ -94,14 +102,29 @@ def _has_session_cookie(cookie_header: str) -> bool:
     return SESSION_COOKIE in names
 
 
-def forbidden_origin_response(origin: str) -> JSONResponse:
+def forbidden_origin_response(origin: str) -> SafeJSONResponse:
     """403 `forbidden_origin`: the write came from a page of another site."""
     body = error_body(
         "forbidden_origin",
         f"cross-site request refused: origin {origin!r} is not this server's",
         origin=origin,
     )
-    return JSONResponse(body, status_code=403)
+    return SafeJSONResponse(body, status_code=403)
+
+
+def internal_error_response(scope: Scope) -> SafeJSONResponse:
+    """500 `internal_error` for a bug met while answering `scope` (call it in the `except`:
+    the traceback is logged under the reference the answer gives)."""
+    reference = secrets.token_hex(4)
+    log.exception("%s %s: unexpected error, reference %s", scope["method"], scope["path"],
+                  reference)  # fmt: skip
+    body = error_body(
+        "internal_error",
+        f"the service failed unexpectedly; report reference {reference} (the server log has "
+        "the details)",
+        reference=reference,
+    )
+    return SafeJSONResponse(body, status_code=500)
 
 
 class SecurityMiddleware:
@@ -127,7 +150,19 @@ class SecurityMiddleware:
         if origin is not None:
             await forbidden_origin_response(origin)(scope, receive, send_with_headers)
             return
-        await self.app(scope, receive, send_with_headers)
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send_with_headers(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception:
+            if started:  # part of the answer is out: nothing left to say but the log's
+                raise
+            await internal_error_response(scope)(scope, receive, send_with_headers)
 
 
 def install_security(app: FastAPI) -> None:

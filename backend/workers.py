@@ -44,6 +44,8 @@ class SeenWorker:
     devices: Devices
     engine: str
     seen_at: datetime
+    started_at: datetime | None = None
+    restarts: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,8 @@ class SeenWorker:
             "engine": self.engine,
             "devices": self.devices.to_json(),
             "seen_at": self.seen_at.isoformat(),
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "restarts": self.restarts,
         }
 
 
@@ -59,8 +63,11 @@ def aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def register(factory: ledger.Factory, worker_id: str, devices: Devices, engine: str) -> None:
-    """Record (or replace) the worker's devices; it is seen now."""
+def register(
+    factory: ledger.Factory, worker_id: str, devices: Devices, engine: str, restarts: int = 0
+) -> None:
+    """Record (or replace) the worker's devices and the restarts before it (`shardlab
+    serve` restarts a worker that died); it is seen now."""
     with transaction(factory, immediate=True) as session:
         row = session.get(WorkerRow, worker_id)
         now = utcnow()
@@ -70,23 +77,26 @@ def register(factory: ledger.Factory, worker_id: str, devices: Devices, engine: 
                     id=worker_id,
                     devices=devices.to_json(),
                     engine=engine,
+                    restarts=restarts,
                     started_at=now,
                     seen_at=now,
                 )
             )
         else:
-            row.devices, row.engine = devices.to_json(), engine
+            row.devices, row.engine, row.restarts = devices.to_json(), engine, restarts
             row.started_at = row.seen_at = now
 
 
-def touch(factory: ledger.Factory, worker_id: str, devices: Devices, engine: str) -> None:
+def touch(
+    factory: ledger.Factory, worker_id: str, devices: Devices, engine: str, restarts: int = 0
+) -> None:
     """The worker is alive (re-registered if its row went away)."""
     with transaction(factory, immediate=True) as session:
         row = session.get(WorkerRow, worker_id)
         if row is not None:
             row.seen_at = utcnow()
             return
-    register(factory, worker_id, devices, engine)
+    register(factory, worker_id, devices, engine, restarts)
 
 
 def forget(factory: ledger.Factory, worker_id: str) -> None:
@@ -106,7 +116,8 @@ def seen(session: Session, since: datetime) -> list[SeenWorker]:
             devices = Devices.from_json(row.devices)
         except (KeyError, TypeError, ValueError):
             continue
-        out.append(SeenWorker(row.id, devices, row.engine, aware(row.seen_at)))
+        out.append(SeenWorker(row.id, devices, row.engine, aware(row.seen_at),
+                              aware(row.started_at), row.restarts))  # fmt: skip
     return out
 
 

@@ -153,10 +153,13 @@ def judge(
     budgets: Budgets,
     baseline: dict[str, Any] | None = None,
     verification: dict[str, Any] | None = None,
+    baseline_gone: str | None = None,
 ) -> Verdict:
     """The verdict on a plan (its `summary`) against `budgets`; `baseline` is the summary of
     the plan `max_regression_pct` compares with, `verification` the report `verify` reads
-    (`ok`, `compute_dtype`, `failed`, `checks`, `first_divergence`)."""
+    (`ok`, `compute_dtype`, `failed`, `checks`, `first_divergence`). `baseline_gone` says
+    why a baseline the check had is no more (its plan was deleted): `max_regression_pct`
+    then fails saying so, rather than the verdict being refused."""
     cost = figures(summary)
     verdict = Verdict(f"{summary.get('model', '?')}: {summary.get('strategy', '?')}")
     add = verdict.results.append
@@ -169,13 +172,7 @@ def judge(
         add(Result("max_step_time_s", f"<= {_ms(budgets.max_step_time_s)}", _ms(step),
                    step <= budgets.max_step_time_s))  # fmt: skip
     if budgets.max_regression_pct is not None:
-        if baseline is None:
-            raise CheckError("max_regression_pct needs a baseline plan", field="baseline")
-        before = float(figures(baseline)["step_time_s"])
-        change = (step / before - 1.0) * 100.0
-        add(Result("max_regression_pct", f"<= {budgets.max_regression_pct:+.1f}% against "
-                   f"{_ms(before)}", f"{change:+.1f}% ({_ms(step)})",
-                   change <= budgets.max_regression_pct))  # fmt: skip
+        add(_regression(step, budgets.max_regression_pct, baseline, baseline_gone))
     if budgets.max_fallback_ops is not None:
         n = len(summary.get("fallback_ops", []))
         add(Result("max_fallback_ops", f"<= {budgets.max_fallback_ops}", str(n),
@@ -186,6 +183,22 @@ def judge(
     if budgets.verify:
         add(_verified(verification))
     return verdict
+
+
+def _regression(
+    step: float, most_pct: float, baseline: dict[str, Any] | None, gone: str | None
+) -> Result:
+    """`max_regression_pct`: the step against the baseline's; failed, saying why, when the
+    baseline is `gone`."""
+    if baseline is None:
+        if gone is None:
+            raise CheckError("max_regression_pct needs a baseline plan", field="baseline")
+        return Result("max_regression_pct", f"<= {most_pct:+.1f}% against the baseline", gone,
+                      False)  # fmt: skip
+    before = float(figures(baseline)["step_time_s"])
+    change = (step / before - 1.0) * 100.0
+    return Result("max_regression_pct", f"<= {most_pct:+.1f}% against {_ms(before)}",
+                  f"{change:+.1f}% ({_ms(step)})", change <= most_pct)  # fmt: skip
 
 
 def _verified(report: dict[str, Any] | None) -> Result:

@@ -149,7 +149,7 @@ def import_outcome(job: Job, data: dict[str, Any]) -> tuple[Store, dict[str, Any
         if name is None:
             name = free_model_name(session, job.team_id, str(payload.get("base_name") or SOURCE))
         try:
-            row = add_model(session, job.team_id, name, model)
+            row = add_model(session, job.team_id, name, model, payload.get("author_id"))
         except ApiError as exc:  # the name was taken since the job was queued
             raise ImportRefused(exc.code, exc.message, **exc.detail) from None
         result["model_id"], result["name"] = row.id, row.name

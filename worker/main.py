@@ -29,6 +29,7 @@ import secrets
 import socket
 import threading
 import time
+import traceback
 from multiprocessing.context import SpawnProcess
 from multiprocessing.queues import Queue
 from typing import Any
@@ -124,6 +125,7 @@ class Worker:
         devices: Devices | None = None,
         engine: str = "local",
         ray_address: str | None = None,
+        restarts: int = 0,
     ):
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; available: {', '.join(ENGINES)}")
@@ -138,6 +140,7 @@ class Worker:
 
             self.ray = RayEngine(ray_address)
         self.engine_name = engine
+        self.restarts = restarts  # before this worker: `shardlab serve` restarts its worker
         self.devices = devices or (self.ray.devices() if self.ray else discover())
         self._tended: float | None = None
 
@@ -159,7 +162,8 @@ class Worker:
         """Log and register this worker's devices (done by the first `run_one` too)."""
         log.info("worker %s (%s engine): %s", self.worker_id, self.engine_name,
                  self.devices.describe())  # fmt: skip
-        workers.register(self.factory, self.worker_id, self.devices, self.engine_name)
+        workers.register(self.factory, self.worker_id, self.devices, self.engine_name,
+                         self.restarts)  # fmt: skip
         self._tended = time.monotonic()
 
     def tend(self) -> None:
@@ -172,7 +176,8 @@ class Worker:
             return
         else:
             self._tended = now
-            workers.touch(self.factory, self.worker_id, self.devices, self.engine_name)
+            workers.touch(self.factory, self.worker_id, self.devices, self.engine_name,
+                          self.restarts)  # fmt: skip
         for job_id in workers.sweep_unservable(self.factory, self.settings):
             log.info("job %s: failed, no worker can serve it", job_id)
 
@@ -184,24 +189,41 @@ class Worker:
             except OperationalError as exc:  # the database is away: try again later
                 log.warning("database error, retrying: %s", exc)
                 job = None
+            except Exception:  # a bug outside any one job: this worker goes on all the same
+                log.exception("worker %s: unexpected error, going on", self.worker_id)
+                job = None
             if once:
                 return
             if job is None:
                 self._stop.wait(self.poll_s)
 
     def run_one(self) -> Job | None:
-        """Claim and process one job; returns it as claimed (None when the queue is empty)."""
+        """Claim and process one job; returns it as claimed (None when the queue is empty).
+
+        Whatever goes wrong with the job (its inputs, its engine, storing its outcome: a
+        result the database refuses) fails that job as an `internal_error`, never this
+        worker: one team's bad job must not stop every team's queue."""
         self.tend()
         job = ledger.claim(self.factory, self.settings, self.worker_id, self.devices)
         if job is None:
             return None
+        try:
+            self._process(job)
+        except OperationalError:  # the database is away: `run` retries, the job is taken over
+            raise
+        except Exception as exc:
+            self._fail_unexpectedly(job, exc)
+        return job
+
+    def _process(self, job: Job) -> None:
+        """Run the claimed `job` on its engine and record how it ended."""
         try:
             with self.factory() as session:
                 inputs = load_inputs(session, job)
                 memory = team_limits(session, self.settings, job.team_id).job_memory_bytes
         except ShardlabError as exc:
             ledger.fail(self.factory, job.id, self.worker_id, exc.to_dict())
-            return job
+            return
         run: Any
         if self.ray is not None and job.requires_device is not None:
             need = workers.requirement_of(job)
@@ -220,7 +242,16 @@ class Worker:
         finally:
             run.stop()
         self._record(job, state, data)
-        return job
+
+    def _fail_unexpectedly(self, job: Job, exc: Exception) -> None:
+        """Fail `job` as an `internal_error` (the traceback logged under its reference); if
+        even that cannot be written, log it: the job is taken over once its beats stop, and
+        gives up after `max_attempts`."""
+        crash = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        try:
+            ledger.fail(self.factory, job.id, self.worker_id, internal_error(job, crash))
+        except Exception:
+            log.exception("job %s: could not record its failure", job.id)
 
     def run_until_empty(self) -> int:
         """Process jobs until the queue is empty (tests, benchmarks); how many it processed."""

@@ -1,20 +1,16 @@
-"""`shardlab serve`: migrate, bootstrap the first admin, start a worker, serve the API and UI."""
+"""`shardlab serve`: migrate, bootstrap the first admin, keep a worker running
+(`worker_keeper`), serve the API and UI."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from types import FrameType
 from typing import Annotated, NoReturn
 
 import typer
 
+from backend.cli.worker_keeper import WorkerKeeper
 from shardlab.cli.common import app
-
-#: how long a worker gets to finish after the server stops before it is killed
-WORKER_STOP_S = 10.0
 
 
 def public_host(host: str) -> str:
@@ -80,11 +76,9 @@ def serve(
         engine.dispose()
 
     worker = None
-    if not no_worker:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "backend", "worker"], env=os.environ.copy()
-        )
-        typer.echo(f"shardlab: worker started (pid {worker.pid})", err=True)
+    if not no_worker:  # kept running: restarted with backoff whenever it dies
+        worker = WorkerKeeper(lambda line: typer.echo(line, err=True))
+        worker.start()
     typer.echo(f"shardlab: serving on http://{public_host(host)}:{port}/", err=True)
     # uvicorn shuts down gracefully on SIGTERM, then raises it again with the previous
     # handler; make that an exception (not an instant death) so the worker is stopped too
@@ -99,20 +93,8 @@ def serve(
         )
     finally:
         if worker is not None:
-            _stop(worker)
+            worker.stop()
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
     raise SystemExit(128 + signum)
-
-
-def _stop(worker: subprocess.Popen[bytes]) -> None:
-    """Terminate the worker; kill it if it does not exit in time."""
-    if worker.poll() is not None:
-        return
-    worker.terminate()
-    try:
-        worker.wait(timeout=WORKER_STOP_S)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()

@@ -35,6 +35,7 @@ def worker_cmd(
 ) -> None:
     """Claim jobs from the database (SHARDLAB_DATABASE_URL) and run each in a child process,
     until SIGTERM or SIGINT (the running job then goes back to the queue)."""
+    from backend.cli.worker_keeper import restarts_from_env
     from backend.settings import Settings
     from worker.main import ENGINES, Worker
 
@@ -43,7 +44,7 @@ def worker_cmd(
         raise typer.BadParameter(f"{engine!r}: one of {', '.join(ENGINES)}", param_hint="--engine")
     try:
         worker = Worker(Settings.from_env(), worker_id, poll_s, engine=engine,
-                        ray_address=ray_address)  # fmt: skip
+                        ray_address=ray_address, restarts=restarts_from_env())  # fmt: skip
     except (ValueError, ImportError) as exc:
         typer.echo(f"shardlab worker: {exc}", err=True)
         raise typer.Exit(2) from None

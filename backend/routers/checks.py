@@ -87,7 +87,7 @@ def create_check(
     _one_of(body, ("model_id", "model", "graph"), "model")
     _one_of(body, ("strategy_id", "strategy"), "strategy")
     spec, chosen = _checked(request.app.state.sessions, team, body, settings)
-    model = _model(session, team, body, chosen)
+    model = _model(session, team, body, chosen, principal.user_id)
     strategy = _strategy(session, team, body)
     baseline_plan_id = _baseline_plan(session, team, body, model)
     plan, job = queue_plan(session, settings, model, strategy, body.cluster, spec,
@@ -274,7 +274,9 @@ def _queue_verification(
     return verification.id
 
 
-def _model(session: Session, team: int, body: CheckCreate, chosen: _Chosen) -> Model:
+def _model(
+    session: Session, team: int, body: CheckCreate, chosen: _Chosen, author_id: int | None
+) -> Model:
     """The chosen model's row in the write transaction: the stored one (404 if deleted
     meanwhile), else the team's identical model stored meanwhile, else the new model added
     (flushed, not committed; built already, not built again)."""
@@ -290,7 +292,7 @@ def _model(session: Session, team: int, body: CheckCreate, chosen: _Chosen) -> M
             found = find_preset_model(session, team, body.model.preset, body.model.overrides)
         else:
             found = find_document_model(session, team, model.blob)
-        return found or add_new_model(session, team, name, model)
+        return found or add_new_model(session, team, name, model, author_id)
 
 
 def _strategy(session: Session, team: int, body: CheckCreate) -> Strategy:
@@ -408,10 +410,16 @@ def _owned_check(
 
 
 def _verdict(session: Session, check: Check, plan: Plan, report: dict[str, Any] | None) -> Verdict:
+    """The check judged now; a baseline plan deleted since fails `max_regression_pct` saying
+    so (the check stays readable)."""
     baseline = session.get(Plan, check.baseline_plan_id) if check.baseline_plan_id else None
+    gone = None
+    if baseline is None:
+        gone = "no baseline: its plan was deleted after the check was made"
     try:
         return judge(plan.summary or {}, Budgets(**check.budgets),
-                     baseline.summary if baseline is not None else None, report)  # fmt: skip
+                     baseline.summary if baseline is not None else None, report,
+                     baseline_gone=gone)  # fmt: skip
     except CheckError as exc:
         raise ApiError(422, exc.code, exc.message, **exc.detail) from None
 

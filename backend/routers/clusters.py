@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from backend.deps import PrincipalDep, SessionDep
 from backend.errors import ApiError, user_input
 from backend.orm import Cluster as ClusterRow
+from backend.ownership import require_removal
 from backend.routers.models import commit_or_conflict
 from backend.schemas.resources import ClusterCreate, ClusterDetail, ClusterOut
 from shardlab.cost.clusters import FAMILIES, Cluster, cluster_from_dict, load_cluster, preset_names
@@ -113,7 +114,9 @@ def create_cluster(
         raise ApiError(409, "conflict", f"a cluster named {name!r} already exists", name=name)
     with user_input("invalid_cluster", f"cluster {name!r}", cluster=name):
         spec = cluster_from_dict({**body.spec, "name": name}).to_json()
-    session.add(ClusterRow(team_id=principal.team_id, name=name, spec=spec))
+    session.add(
+        ClusterRow(team_id=principal.team_id, name=name, spec=spec, author_id=principal.user_id)
+    )
     commit_or_conflict(session, f"a cluster named {name!r} already exists", name=name)
     return {**_headline(name, "user", spec), "spec": spec}
 
@@ -128,7 +131,8 @@ def get_cluster(name: str, session: SessionDep, principal: PrincipalDep) -> dict
 
 @router.delete("/{name}", status_code=204)
 def delete_cluster(name: str, session: SessionDep, principal: PrincipalDep) -> Response:
-    """Delete one of the team's clusters; presets cannot be deleted (409)."""
+    """Delete one of the team's clusters (its author or an admin: 403 otherwise); presets
+    cannot be deleted (409)."""
     if preset_cluster(name) is not None:
         raise ApiError(
             409,
@@ -140,6 +144,7 @@ def delete_cluster(name: str, session: SessionDep, principal: PrincipalDep) -> R
     row = _team_cluster(session, principal.team_id, name)
     if row is None:
         raise _not_found(name)
+    require_removal(principal, row.author_id, f"cluster {name!r}")
     session.delete(row)
     session.commit()
     return Response(status_code=204)

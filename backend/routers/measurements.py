@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
+from backend.json_response import SafeJSONResponse
 from backend.ledger import ledger_row_json
 from backend.measuring import check_measurable, queue_measurement
 from backend.orm import Job, Plan
@@ -91,10 +91,10 @@ def get_measured(plan_id: PathId, session: SessionDep, principal: PrincipalDep) 
 @router.get("/{plan_id}/measured/trace", responses=errors(401, 404, 409, 422))
 def get_measured_trace(
     plan_id: PathId, session: SessionDep, principal: PrincipalDep
-) -> JSONResponse:
+) -> SafeJSONResponse:
     """The latest measured step as a Chrome trace, one process per rank (open it in
     https://ui.perfetto.dev); 404 before a measurement succeeded."""
     plan = built_plan(session, principal.team_id, plan_id)
     data = artifact(session, plan, "measured_trace")
     headers = {"Content-Disposition": f'attachment; filename="plan-{plan_id}-measured.json"'}
-    return JSONResponse(data, headers=headers)
+    return SafeJSONResponse(data, headers=headers)

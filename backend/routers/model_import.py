@@ -25,6 +25,8 @@ from backend.errors import ApiError
 from backend.orm import Model
 from backend.schemas.common import errors
 from backend.schemas.model_import import HfImportCreate, HfImportCreated
+from shardlab.errors import ModelImportError
+from shardlab.importers.hf_config import check_sizes
 
 router = APIRouter(prefix="/api/models", tags=["models"])
 
@@ -96,6 +98,11 @@ def import_hf_config(
     naming `config.model_type` (missing, or not a string), `batch` or `seq` (not a positive
     int); 413 for a config over 1 MiB; 409 when the team has a model named `name`."""
     model_type = config_model_type(body.config)
+    try:
+        check_sizes(body.config)
+    except ModelImportError as exc:
+        field = str(exc.detail.get("field", "config"))
+        raise _refuse(f"config.{field}", exc.message) from None
     name = body.name.strip() if body.name is not None else None
     if name == "":
         raise _refuse("name", "must not be blank")
@@ -107,7 +114,8 @@ def import_hf_config(
                            name=name, field="name")  # fmt: skip
     base = name if name is not None else default_name(body.config, model_type)
     payload = {"config": body.config, "batch": body.batch, "seq": body.seq, "name": name,
-               "base_name": base, "max_ops": settings.max_graph_ops}  # fmt: skip
+               "base_name": base, "max_ops": settings.max_graph_ops,
+               "author_id": principal.user_id}  # fmt: skip
     job = ledger.enqueue(session, settings, team, "import", payload)
     session.commit()
     return {"job_id": job.id, "status": job.status, "name": base, "model_type": model_type}

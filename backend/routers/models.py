@@ -12,16 +12,18 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
+from backend.auth import Principal
 from backend.blobs import pack, unpack
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found, user_input
+from backend.json_response import SafeJSONResponse
 from backend.module_tree import module_tree
 from backend.orm import Model, Plan
+from backend.ownership import require_removal
 from backend.pagination import Page, PageWindow, pages
 from backend.schemas.common import PathId
 from backend.schemas.resources import ModelCreate, ModelDetail, ModelOut, ModuleNode
@@ -156,22 +158,25 @@ def built_model(graph: Graph, source: str, blob: bytes | None = None, **fields: 
                       fields)  # fmt: skip
 
 
-def add_model(session: Session, team_id: int, name: str, model: BuiltModel) -> Model:
-    """Add the built model and flush it, without committing: the caller commits it with
-    whatever else it adds. A name taken in the team is 409 `conflict`."""
+def add_model(
+    session: Session, team_id: int, name: str, model: BuiltModel, author_id: int | None = None
+) -> Model:
+    """Add the built model (made by `author_id`; None: a team token) and flush it, without
+    committing: the caller commits it with whatever else it adds. A name taken in the team
+    is 409 `conflict`."""
     taken = select(Model.id).where(Model.team_id == team_id, Model.name == name)
     if session.scalar(taken) is not None:
         raise ApiError(409, "conflict", f"a model named {name!r} already exists", name=name)
     row = Model(team_id=team_id, name=name, source=model.source, graph_blob=model.blob,
-                summary=model.summary, **model.fields)  # fmt: skip
+                summary=model.summary, author_id=author_id, **model.fields)  # fmt: skip
     session.add(row)
     flush_or_conflict(session, f"a model named {name!r} already exists", name=name)
     return row
 
 
-def _store(session: Session, team_id: int, name: str, model: BuiltModel) -> Model:
-    """Insert the model (one commit, after everything above succeeded)."""
-    row = add_model(session, team_id, name, model)
+def _store(session: Session, principal: Principal, name: str, model: BuiltModel) -> Model:
+    """Insert the model the caller made (one commit, after everything above succeeded)."""
+    row = add_model(session, principal.team_id, name, model, principal.user_id)
     commit_or_conflict(session, f"a model named {name!r} already exists", name=name)
     return row
 
@@ -229,9 +234,12 @@ def new_document_model(graph: Graph, blob: bytes) -> tuple[str, BuiltModel]:
     return graph.name.strip() or "graph", built_model(graph, "json", blob=blob)
 
 
-def add_new_model(session: Session, team_id: int, base: str, model: BuiltModel) -> Model:
+def add_new_model(
+    session: Session, team_id: int, base: str, model: BuiltModel, author_id: int | None = None
+) -> Model:
     """Add the built model (flushed, not committed) as `base`, or `base #2`, ... if taken."""
-    return add_model(session, team_id, free_model_name(session, team_id, base), model)
+    name = free_model_name(session, team_id, base)
+    return add_model(session, team_id, name, model, author_id)
 
 
 def free_model_name(session: Session, team_id: int, base: str) -> str:
@@ -344,7 +352,7 @@ def create_model(
         model = built_model(graph, "preset", preset=body.preset, overrides=body.overrides)
     else:
         model = built_model(_document_graph(body.graph, limit), "json")
-    return _detail(_store(session, principal.team_id, body.name, model))
+    return _detail(_store(session, principal, body.name, model))
 
 
 UPLOAD_BODY = {
@@ -370,7 +378,7 @@ def upload_model(
     """Create a model from a graph JSON file sent as the raw request body (packed and
     summarized before the first statement, as `create_model`)."""
     graph = _document_graph(_parse_upload(body), settings.max_graph_ops)
-    return _detail(_store(session, principal.team_id, name, built_model(graph, "upload")))
+    return _detail(_store(session, principal, name, built_model(graph, "upload")))
 
 
 @router.get("", response_model=list[ModelOut])
@@ -400,13 +408,13 @@ def get_graph(
     scope: Annotated[
         str, Query(max_length=500, description='Only ops under this scope ("layers.3").')
     ] = "",
-) -> JSONResponse:
+) -> SafeJSONResponse:
     """The model's graph document (`shardlab.graph/1`), a page of ops at a time (`limit`,
     10,000 ops unless asked; `X-Total-Count` counts the ops, `Link` names the next page):
     each page holds its ops and the values they read or write, so a client walks a
     200,000-op model without one 37 MB answer. `scope` keeps the ops under a module path."""
     document = unpack(owned_model(session, principal.team_id, model_id).graph_blob)
-    return JSONResponse(graph_page(document, scope, page), headers=page.headers())
+    return SafeJSONResponse(graph_page(document, scope, page), headers=page.headers())
 
 
 def graph_page(document: dict[str, Any], scope: str, page: PageWindow) -> dict[str, Any]:
@@ -447,8 +455,10 @@ def get_tree(model_id: PathId, session: SessionDep, principal: PrincipalDep) -> 
 
 @router.delete("/{model_id}", status_code=204)
 def delete_model(model_id: PathId, session: SessionDep, principal: PrincipalDep) -> Response:
-    """Delete a model; 409 while a plan references it."""
+    """Delete a model; only its author or an admin may (403), and not while a plan
+    references it (409)."""
     row = owned_model(session, principal.team_id, model_id)
+    require_removal(principal, row.author_id, f"model {row.id}")
     plans = session.scalar(select(func.count()).where(Plan.model_id == row.id)) or 0
     if plans:
         raise ApiError(

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import JSONResponse
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
@@ -23,8 +22,10 @@ from backend import blobs, ledger, reviews
 from backend.baselines import baseline_names, comparison
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
+from backend.json_response import SafeJSONResponse
 from backend.orm import Artifact, Job, Model, Plan, ReviewRequest, Strategy
-from backend.pagination import Page
+from backend.ownership import require_removal
+from backend.pagination import MAX_OFFSET, Page
 from backend.plan_graph.index import collective_json
 from backend.plan_read import PLANS, fast_plan_json, plans_json
 from backend.planning import check_plan, plan_deadline, queue_plan
@@ -258,9 +259,7 @@ def delete_plan(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -
     """Delete a plan with its artifacts, reviews, checks and baselines; only an admin or the
     plan's author may (403), and not while its job is queued or running (409)."""
     plan: Plan = owned(session, Plan, principal.team_id, plan_id, "plan")
-    if not reviews.may_delete(principal, plan):
-        raise ApiError(403, "forbidden", f"only an admin or the author of plan {plan.id} may "
-                       "delete it", field="plan_id")  # fmt: skip
+    require_removal(principal, plan.author_id, f"plan {plan.id}")
     job = job_of(session, plan.job_id)
     if job.status in ("queued", "running"):
         raise ApiError(409, "conflict", f"plan {plan.id} is being built (job {job.id} is "
@@ -278,7 +277,7 @@ def get_program(
     principal: PrincipalDep,
     scope: Annotated[str, Query(description="Ops under this scope, e.g. layers.0.")] = "",
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> dict[str, Any]:
     """The per-rank program's ops (in program order) under `scope`, a page at a time."""
     plan = built_plan(session, principal.team_id, plan_id)
@@ -386,7 +385,7 @@ def getcollective_json(
 
 
 @router.get("/{plan_id}/trace", responses=errors(401, 404, 409, 422))
-def get_trace(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> JSONResponse:
+def get_trace(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> SafeJSONResponse:
     """The predicted step as a Chrome trace (open in https://ui.perfetto.dev); plans
     built without a cluster have none (404)."""
     plan = built_plan(session, principal.team_id, plan_id)
@@ -400,4 +399,4 @@ def get_trace(plan_id: PathId, session: SessionDep, principal: PrincipalDep) -> 
         )
     data = artifact(session, plan, "trace")
     headers = {"Content-Disposition": f'attachment; filename="plan-{plan_id}-trace.json"'}
-    return JSONResponse(data, headers=headers)
+    return SafeJSONResponse(data, headers=headers)

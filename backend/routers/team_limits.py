@@ -1,9 +1,10 @@
-"""Admin only: read and set a team's limits (jobs running and queued, requests a minute, job
-deadline and memory; see `backend/tenancy.py`).
+"""Teams' limits (jobs running and queued, requests a minute, job deadline and memory; see
+`backend/tenancy.py`): a service admin reads and sets any team's; a team admin reads their
+own team's (`backend.ownership`).
 
-Anyone but an administrator gets 403 `forbidden` on these paths, whichever team they name
-(existing or not): an admin path tells a non-admin nothing about other teams. An admin
-naming an unknown team gets 404.
+Anyone else gets 403 `forbidden` on these paths, whichever team they name (existing or
+not): an admin path tells them nothing about other teams. A service admin naming an unknown
+team gets 404.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from backend.auth import Principal
 from backend.deps import PrincipalDep, SessionDep, SettingsDep
 from backend.errors import ApiError, not_found
 from backend.orm import Team, TeamLimits, utcnow
+from backend.ownership import may_read_limits, may_set_limits
 from backend.rate_limit import RateLimiter
 from backend.schemas.common import errors
 from backend.schemas.team_limits import TeamLimitsOut, TeamLimitsUpdate
@@ -31,10 +33,18 @@ router = APIRouter(prefix="/api/admin/teams", tags=["admin"])
 TeamName = Annotated[str, Path(min_length=1, max_length=100, description="The team's name.")]
 
 
-def require_admin(principal: Principal) -> None:
-    """403 unless the caller is an administrator."""
-    if not principal.is_admin:
-        raise ApiError(403, "forbidden", "only administrators may see or set team limits")
+def require_reader(session: Session, principal: Principal, team: str) -> None:
+    """403 unless the caller is a service admin or an admin of `team`."""
+    own = session.get(Team, principal.team_id)
+    if not may_read_limits(principal, own.name if own is not None else "", team):
+        raise ApiError(403, "forbidden", "only a service admin, or an admin of the team, may "
+                       "see a team's limits")  # fmt: skip
+
+
+def require_setter(principal: Principal) -> None:
+    """403 unless the caller is a service admin."""
+    if not may_set_limits(principal):
+        raise ApiError(403, "forbidden", "only a service admin may set a team's limits")
 
 
 def _team(session: Session, name: str) -> Team:
@@ -63,8 +73,9 @@ def limits_json(settings: Settings, team: Team, row: TeamLimits | None) -> dict[
 def get_team_limits(
     team: TeamName, principal: PrincipalDep, session: SessionDep, settings: SettingsDep
 ) -> dict[str, Any]:
-    """The team's limits in force: its own where an admin set one, else the default."""
-    require_admin(principal)
+    """The team's limits in force: its own where a service admin set one, else the default
+    (a service admin, or an admin of the team)."""
+    require_reader(session, principal, team)
     row = _team(session, team)
     return limits_json(settings, row, session.get(TeamLimits, row.id))
 
@@ -82,8 +93,9 @@ def put_team_limits(
 ) -> dict[str, Any]:
     """Set some of the team's limits (fields left out keep theirs, `null` means the default);
     answers the limits now in force. Jobs already queued keep the deadline they were given;
-    running and queued counts, the request rate and memory apply from now on."""
-    require_admin(principal)
+    running and queued counts, the request rate and memory apply from now on. A service
+    admin only."""
+    require_setter(principal)
     found = _team(session, team)
     row = session.get(TeamLimits, found.id)
     if row is None:

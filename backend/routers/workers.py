@@ -16,7 +16,8 @@ router = APIRouter(prefix="/api/workers", tags=["workers"])
 
 
 class WorkerOut(BaseModel):
-    """A live worker: its id, engine (local | ray), devices and when it was last seen."""
+    """A live worker: its id, engine (local | ray), devices, when it started and was last
+    seen, and how often `shardlab serve` restarted its worker before this one."""
 
     id: str
     engine: str
@@ -24,6 +25,8 @@ class WorkerOut(BaseModel):
         description="{cpu_cores, cuda: [{index, name, memory_bytes}], torch, max_cpu_ranks}"
     )
     seen_at: str
+    started_at: str | None
+    restarts: int = Field(description="Restarts of `shardlab serve`'s worker before this one.")
 
 
 @router.get("", response_model=list[WorkerOut], responses=errors(401, 422))

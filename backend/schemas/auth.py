@@ -16,17 +16,21 @@ MAX_TOKEN_DAYS = 3650
 
 
 class Me(BaseModel):
-    """The caller: its user (None for a team API token), team and how it authenticated."""
+    """The caller: its user (None for a team API token), team, role and how it
+    authenticated."""
 
     user: str | None
     team: str
     is_admin: bool
+    is_service_admin: bool
     via: Literal["token", "session"]
 
 
 class TokenCreate(StrictRequest):
-    """A new API token's name (for people to tell tokens apart) and optional expiry: in
-    `expires_in_days` days, or at `expires_at` (UTC when no offset is given); neither: never."""
+    """A new API token's name (for people to tell tokens apart) and expiry: in
+    `expires_in_days` days, or at `expires_at` (an offset is converted to UTC; none means
+    UTC), at most `MAX_TOKEN_DAYS` days ahead; neither: when the token asking for it
+    expires, else in `MAX_TOKEN_DAYS` days. A token never outlives the token that made it."""
 
     name: str = Field(min_length=1, max_length=100, pattern=NAME_PATTERN)
     expires_in_days: int | None = Field(default=None, ge=1, le=MAX_TOKEN_DAYS)
@@ -38,14 +42,22 @@ class TokenCreate(StrictRequest):
         if self.expires_in_days is not None and self.expires_at is not None:
             raise ValueError("give expires_in_days or expires_at, not both")
         if self.expires_at is not None:
-            if self.expires_at.tzinfo is None:
-                self.expires_at = self.expires_at.replace(tzinfo=UTC)
-            if self.expires_at <= datetime.now(UTC):
+            moment = self.expires_at
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            now = datetime.now(UTC)
+            if moment <= now:
                 raise ValueError("expires_at must be in the future")
+            if moment > now + timedelta(days=MAX_TOKEN_DAYS):  # compared before converting:
+                raise ValueError(  # year 9999 at -14:00 is past the last UTC datetime
+                    f"expires_at {self.expires_at.isoformat()} is more than {MAX_TOKEN_DAYS} "
+                    "days ahead, the longest a token may last"
+                )
+            self.expires_at = moment.astimezone(UTC)
         return self
 
     def expiry(self) -> datetime | None:
-        """When the token stops working (None: never)."""
+        """When the caller asked the token to stop working, in UTC (None: not said)."""
         if self.expires_in_days is not None:
             return datetime.now(UTC) + timedelta(days=self.expires_in_days)
         return self.expires_at
@@ -74,11 +86,15 @@ class TokenCreated(BaseModel):
 
 
 class UserCreate(StrictRequest):
-    """A user to create in `team` (the team is created if missing)."""
+    """A user to create in `team` (the team is created if missing): a member, a team admin
+    (`is_admin`) or a service admin (`is_service_admin`, an admin of every team). A team
+    admin adds people to their own team; only a service admin to another team, or a service
+    admin (README "Security")."""
 
     name: str = Field(min_length=1, max_length=100, pattern=NAME_PATTERN)
     team: str = Field(min_length=1, max_length=100, pattern=NAME_PATTERN)
     is_admin: bool = False
+    is_service_admin: bool = False
 
 
 class UserCreated(BaseModel):
@@ -88,5 +104,6 @@ class UserCreated(BaseModel):
     name: str
     team: str
     is_admin: bool
+    is_service_admin: bool
     login_link: str
     link_expires_at: datetime

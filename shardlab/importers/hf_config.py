@@ -34,6 +34,12 @@ SUPPORTED = ("llama", "mistral", "qwen2", "gpt2", "gemma")
 #: The sequence length when none is given and the model allows at least this many positions.
 DEFAULT_SEQ = 2048
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions")
+#: the config fields that size the model: each, when given (and not null), a positive int
+SIZE_FIELDS = (
+    "num_hidden_layers", "n_layer", "hidden_size", "n_embd", "num_attention_heads", "n_head",
+    "num_key_value_heads", "intermediate_size", "n_inner", "vocab_size", "head_dim",
+    *_POSITION_FIELDS,
+)  # fmt: skip
 
 
 def graph_from_hf_config(
@@ -49,6 +55,7 @@ def graph_from_hf_config(
             f"a Hugging Face config must be a JSON object, got {type(config).__name__}"
         )
     model_type = _model_type(config)
+    check_sizes(config)
     limit = _positions(config)
     batch = _positive(batch, "batch")
     seq = _positive(seq, "seq") if seq is not None else min(limit or DEFAULT_SEQ, DEFAULT_SEQ)
@@ -83,6 +90,16 @@ def graph_from_hf_config(
         constants=_buffer_values(model), meta=meta,
     )  # fmt: skip
     return _with_loss(graph, batch, seq)
+
+
+def check_sizes(config: Mapping[str, Any]) -> None:
+    """Refuse a size field (`SIZE_FIELDS`) that is not a positive integer, naming it: zero
+    heads would divide by zero in transformers, -1 layers build an empty model. Cheap, no
+    torch: the service checks it before it queues an import."""
+    for field in SIZE_FIELDS:
+        value = config.get(field)
+        if value is not None:
+            _positive(value, field)
 
 
 def _model_type(config: Mapping[str, Any]) -> str:

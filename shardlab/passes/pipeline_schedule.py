@@ -58,6 +58,13 @@ class Unit:
         return f"{self.phase}{self.microbatch}" + (f".c{self.chunk}" if self.chunk else "")
 
 
+#: the most micro-batches a step may have (a slot of the schedule each; Megatron-LM runs
+#: reach a few thousand)
+MAX_MICROBATCHES = 65536
+#: the most model chunks a stage may hold (interleaved; no model has more layers)
+MAX_VIRTUAL_STAGES = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineOptions:
     """How a `pp` mesh axis pipelines: schedule, micro-batches per step, model chunks per
@@ -84,12 +91,19 @@ class PipelineOptions:
                 option=unknown[0],
             )
         out = cls(**{k: raw[k] for k in known if k in raw})
-        for name in ("microbatches", "virtual_stages"):
+        for name, most in (("microbatches", MAX_MICROBATCHES),
+                           ("virtual_stages", MAX_VIRTUAL_STAGES)):  # fmt: skip
             value = getattr(out, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PipelineError(
                     f"pipeline option {name!r} must be a positive integer, got {value!r}",
                     option=name,
+                )
+            if value > most:
+                raise PipelineError(
+                    f"pipeline option {name!r} is {value}, more than the limit of {most}",
+                    option=name,
+                    limit=most,
                 )
         if out.schedule not in SCHEDULES:
             raise PipelineError(

@@ -57,12 +57,16 @@ def token_for(settings: Settings, team: str, name: str = "test") -> str:
         engine.dispose()
 
 
-def user_token(settings: Settings, team: str, user: str, admin: bool = False) -> str:
-    """An API token of a new user `user` of `team` (reviews are by people, not teams)."""
+def user_token(
+    settings: Settings, team: str, user: str, admin: bool = False, service_admin: bool = False
+) -> str:
+    """An API token of a new user `user` of `team` (reviews are by people, not teams): a
+    member, a team admin (`admin`) or a service admin (`service_admin`, an admin too)."""
     engine = make_engine(settings.database_url)
     try:
         with transaction(session_factory(engine)) as session:
-            row = User(team_id=ensure_team(session, team).id, name=user, is_admin=admin)
+            row = User(team_id=ensure_team(session, team).id, name=user,
+                       is_admin=admin or service_admin, is_service_admin=service_admin)  # fmt: skip
             session.add(row)
             session.flush()
             return create_token(session, row.team_id, f"{user}'s", user_id=row.id)
@@ -72,12 +76,16 @@ def user_token(settings: Settings, team: str, user: str, admin: bool = False) ->
 
 @pytest.fixture
 def user_client(app: FastAPI, settings: Settings) -> Iterator[Any]:
-    """`user_client(team, user, admin=False)`: a client with a new user's token."""
+    """`user_client(team, user, admin=False, service_admin=False)`: a client with a new
+    user's token."""
     with ExitStack() as stack:
 
-        def make(team: str, user: str, admin: bool = False) -> TestClient:
+        def make(
+            team: str, user: str, admin: bool = False, service_admin: bool = False
+        ) -> TestClient:
             c = stack.enter_context(TestClient(app))
-            c.headers["Authorization"] = f"Bearer {user_token(settings, team, user, admin)}"
+            token = user_token(settings, team, user, admin, service_admin)
+            c.headers["Authorization"] = f"Bearer {token}"
             return c
 
         yield make

@@ -49,7 +49,8 @@ def test_login_link_gives_a_cookie_session(anon: TestClient, admin_link: str) ->
     assert "HttpOnly" in cookie and "samesite=lax" in cookie.lower()
     me = anon.get("/api/me")
     assert me.status_code == 200
-    assert me.json() == {"user": "admin", "team": "default", "is_admin": True, "via": "session"}
+    assert me.json() == {"user": "admin", "team": "default", "is_admin": True,
+                         "is_service_admin": True, "via": "session"}  # fmt: skip
 
 
 def test_session_secret_is_stored_hashed(anon: TestClient, admin_link: str, app: FastAPI) -> None:
@@ -106,6 +107,7 @@ def test_me_with_a_team_token(client: TestClient) -> None:
         "user": None,
         "team": "alpha",
         "is_admin": False,
+        "is_service_admin": False,
         "via": "token",
     }
 
@@ -115,7 +117,9 @@ def test_tokens_create_list_revoke(client: TestClient, app: FastAPI) -> None:
     assert created.status_code == 201
     body = created.json()
     assert set(body) == {"id", "name", "prefix", "token", "created_at", "expires_at"}
-    assert body["expires_at"] is None
+    # a token made through the API expires: by default at the cap (its parent never does)
+    cap = datetime.now(UTC) + timedelta(days=3650)
+    assert abs(datetime.fromisoformat(body["expires_at"]) - cap) < timedelta(minutes=1)
     assert body["token"].startswith(body["prefix"]) and body["name"] == "ci"
     with TestClient(app) as ci:
         ci.headers["Authorization"] = f"Bearer {body['token']}"
@@ -124,7 +128,8 @@ def test_tokens_create_list_revoke(client: TestClient, app: FastAPI) -> None:
         assert [t["name"] for t in listed] == ["test", "ci"]
         for token in listed:
             assert set(token) == {"id", "name", "prefix", "created_at", "revoked_at", "expires_at"}
-            assert token["revoked_at"] is None and token["expires_at"] is None
+            assert token["revoked_at"] is None
+        assert [t["expires_at"] is None for t in listed] == [True, False]
         assert body["token"] not in client.get("/api/tokens").text
         assert client.delete(f"/api/tokens/{body['id']}").status_code == 204
         revoked = ci.get("/api/me")
@@ -228,6 +233,7 @@ def test_admin_creates_a_user_who_logs_in(anon: TestClient, app: FastAPI, admin_
             "user": "bob",
             "team": "gamma",
             "is_admin": False,
+            "is_service_admin": False,
             "via": "session",
         }
         forbidden = bob.post("/api/admin/users", json={"name": "x", "team": "gamma"})

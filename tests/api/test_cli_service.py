@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def test_token_create_list_revoke(settings: Settings, app: FastAPI) -> None:
             "user": None,
             "team": "ops",
             "is_admin": False,
+            "is_service_admin": False,
             "via": "token",
         }
         listed = runner.invoke(cli, ["token", "list", "--team", "ops", "--json"], env=env)
@@ -189,6 +191,7 @@ def test_serve_prints_a_login_link_that_logs_in(tmp_path: Path) -> None:
                 "user": "admin",
                 "team": "default",
                 "is_admin": True,
+                "is_service_admin": True,
                 "via": "session",
             }
         assert (tmp_path / "data" / "shardlab.db").exists()
@@ -238,3 +241,37 @@ def test_serve_stops_its_worker_when_terminated(tmp_path: Path) -> None:
     while _alive(pid):
         assert time.monotonic() < deadline, "the worker outlived serve:\n" + "".join(lines)
         time.sleep(0.1)
+
+
+def _workers(port: int, token: str) -> list[dict[str, Any]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/workers",
+                                     headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        listed: list[dict[str, Any]] = json.load(answer)
+        return listed
+
+
+def test_serve_restarts_a_worker_that_died(tmp_path: Path) -> None:
+    port = _free_port()
+    proc, lines = _serve(tmp_path, port)
+    started = re.compile(r"worker started \(pid (\d+)(?:, restart (\d+))?\)")
+    try:
+        _wait_for(lambda: _healthy(port), "/healthz", proc, lines)
+        env = {"SHARDLAB_DATA_DIR": str(tmp_path / "data")}
+        made = runner.invoke(cli, ["token", "create", "--team", "ops", "--name", "w"], env=env)
+        token = made.stdout.strip()
+        first = next(int(m.group(1)) for line in lines if (m := started.search(line)))
+        _wait_for(lambda: any(w["id"].endswith(f"-{first}") for w in _workers(port, token)),
+                  "the first worker registered", proc, lines)  # fmt: skip
+        os.kill(first, signal.SIGKILL)  # as the kernel's OOM killer would
+        _wait_for(lambda: any(w["restarts"] == 1 for w in _workers(port, token)),
+                  "a restarted worker registered", proc, lines)  # fmt: skip
+        second = next(int(m.group(1)) for line in lines
+                      if (m := started.search(line)) and m.group(2) == "1")  # fmt: skip
+        assert second != first and _alive(second)
+        (restarted,) = [w for w in _workers(port, token) if w["restarts"] == 1]
+        assert restarted["id"].endswith(f"-{second}") and restarted["started_at"]
+        assert any(f"(pid {first}) exited with code -9" in line for line in lines), lines
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

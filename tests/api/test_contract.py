@@ -64,7 +64,7 @@ def contract(
     factory = app.state.sessions
     with transaction(factory) as session:
         team = ensure_team(session, "alpha")
-        admin = User(team_id=team.id, name="root", is_admin=True)
+        admin = User(team_id=team.id, name="root", is_admin=True, is_service_admin=True)
         session.add(admin)
         session.flush()
         secret = create_token(session, team.id, "contract", admin.id)

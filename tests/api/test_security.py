@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from backend.bootstrap import first_admin_link
@@ -105,3 +107,34 @@ def test_logout_from_another_origin_is_refused(browser: TestClient) -> None:
     response = browser.post("/api/auth/logout", headers={"Origin": "https://evil.example"})
     assert_error(response, 403, "forbidden_origin")
     assert browser.get("/api/me").status_code == 200  # still logged in
+
+
+def test_an_unexpected_error_is_a_json_500_with_the_headers(
+    app: FastAPI, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    app.router.routes.insert(0, APIRoute("/api/boom", boom))  # before the UI's mount at /
+    with TestClient(app, raise_server_exceptions=False) as anon, caplog.at_level(logging.ERROR):
+        response = anon.get("/api/boom")
+    body = assert_error(response, 500, "internal_error", "report reference")
+    assert response.headers["content-type"] == "application/json"
+    _secured(response)
+    reference = body["detail"]["reference"]
+    assert any(reference in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_an_empty_authorization_header_does_not_skip_the_origin_check(
+    browser: TestClient,
+) -> None:
+    for header in ("", " ", "Bearer", "Bearer  "):
+        response = browser.post("/api/strategies", json=STRATEGY,
+                                headers={"Origin": "https://evil.example",
+                                         "Authorization": header})  # fmt: skip
+        assert_error(response, 403, "forbidden_origin")
+    assert browser.get("/api/strategies").json() == []  # nothing created
+    # nor does it fall back to the cookie where no Origin is sent: it is a bad header
+    response = browser.post("/api/strategies", json=STRATEGY, headers={"Authorization": ""})
+    assert_error(response, 401, "unauthorized", "Bearer")
+    assert browser.get("/api/strategies").json() == []

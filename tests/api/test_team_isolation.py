@@ -186,7 +186,7 @@ def test_admin_paths_are_403_for_every_non_admin_whatever_team_they_name(
                 answer = _call(caller, method, path, url)
                 assert answer.status_code == 403, (method, url, answer.text)
                 assert answer.json()["code"] == "forbidden"
-    admin = user_client("alpha", "root", admin=True)
+    admin = user_client("alpha", "root", service_admin=True)
     limits = admin.get("/api/admin/teams/alpha/limits").json()
     assert limits["max_running_jobs"]["source"] == "default", "nothing was changed"
     assert admin.get("/api/admin/teams/no-such-team/limits").status_code == 404

@@ -1,4 +1,4 @@
-"""Per-team limits on both databases: an admin reads and sets them (defaults otherwise), and
+"""Per-team limits on both databases: a service admin reads and sets them (defaults otherwise), and
 each is enforced: jobs queued (429 `too_many_jobs`), requests a minute (429 `rate_limited`),
 the job deadline, the engine's memory (`out_of_memory`), and the cost estimate at POST that
 refuses a plan which could not be built within the deadline (422 `too_expensive`)."""
@@ -25,8 +25,8 @@ DEFAULTS = {
 
 
 def _admin(user_client: Any) -> TestClient:
-    """An administrator of a team of its own (its requests count against team `ops`)."""
-    admin: TestClient = user_client("ops", "root", admin=True)
+    """A service administrator in a team of its own (its requests count against team `ops`)."""
+    admin: TestClient = user_client("ops", "root", service_admin=True)
     return admin
 
 
