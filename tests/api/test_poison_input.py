@@ -164,7 +164,7 @@ def _team(app: FastAPI, client: TestClient) -> int:
     with app.state.sessions() as session:
         model = session.get(Model, ids["model"])
         assert model is not None
-        return model.team_id
+        return int(model.team_id)
 
 
 def test_a_job_whose_config_holds_lone_surrogates_reads_and_cancels(
