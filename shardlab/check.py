@@ -20,6 +20,7 @@ this process (`shardlab check --local`) and on stored ones alike. Budgets:
 from __future__ import annotations
 
 import math
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,8 @@ class Verdict:
         """A pull-request comment: the verdict, then one table row per budget."""
         head = "✅ **Shardlab check passed**" if self.passed else "❌ **Shardlab check failed**"
         failed = [r.budget for r in self.results if not r.passed]
-        lines = [f"{head}: {self.plan}" + (f" ({', '.join(failed)})" if failed else ""), ""]
+        plan = markdown_text(self.plan)  # the user's model and strategy: text, never markup
+        lines = [f"{head}: {plan}" + (f" ({', '.join(failed)})" if failed else ""), ""]
         lines += ["| budget | limit | plan | result |", "|---|---|---|---|"]
         lines += [f"| {r.budget} | {r.limit} | {r.figure} | {'pass' if r.passed else '**FAIL**'} |"
                   for r in self.results]  # fmt: skip
@@ -105,6 +107,16 @@ class Verdict:
                 failure = ET.SubElement(case, "failure", message=f"{r.figure} against {r.limit}")
                 failure.text = f"{r.budget}: the plan's {r.figure} does not meet {r.limit}"
         return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+#: what Markdown (GitHub's included) reads as markup
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>!|~])")
+
+
+def markdown_text(text: str) -> str:
+    """`text` shown as itself in Markdown: every markup character escaped, line breaks as
+    spaces (a name cannot add a link, an image, a heading or a table row to a comment)."""
+    return _MARKDOWN.sub(r"\\\1", " ".join(text.splitlines()))
 
 
 def figures(summary: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shardlab.check import Budgets, CheckError, judge
+from shardlab.check import Budgets, CheckError, judge, markdown_text
 from shardlab.cli import app
 from shardlab.models import build_model
 from shardlab.plan import build_plan
@@ -76,6 +76,23 @@ def test_markdown_and_junit_say_what_failed(summaries) -> None:
     assert suite.get("tests") == "2" and suite.get("failures") == "1"
     failed = [c for c in suite.iter("testcase") if c.find("failure") is not None]
     assert [c.get("name") for c in failed] == ["max_regression_pct"]
+
+
+def test_a_hostile_plan_name_is_text_in_the_markdown(summaries) -> None:
+    verdict = judge({**summaries["dp"], "model": "m [click](http://evil.example) ![i](x)\n# H"},
+                    Budgets())  # fmt: skip
+    head = verdict.markdown().splitlines()[0]
+    assert "\\[click\\](http://evil.example) \\!\\[i\\](x) # H" in head
+    assert verdict.markdown().count("\n") == len(verdict.results) + 4  # no line of its own
+    assert markdown_text("a|b_c*d`e<f>~g\\h") == "a\\|b\\_c\\*d\\`e\\<f\\>\\~g\\\\h"
+
+
+def test_a_deleted_baseline_fails_the_regression_budget_saying_why(summaries) -> None:
+    verdict = judge(summaries["dp"], Budgets(max_regression_pct=5),
+                    baseline_gone="its plan was deleted")  # fmt: skip
+    (result,) = [r for r in verdict.results if r.budget == "max_regression_pct"]
+    assert not result.passed and result.figure == "its plan was deleted"
+    assert not verdict.passed
 
 
 def test_cli_check_exits_0_on_pass_1_on_fail_2_on_error(tmp_path: Path) -> None:
