@@ -166,10 +166,14 @@ def _plainly_clean(document: Any, max_depth: int) -> bool:
                 return False
             node = node.values()
         for item in node:
-            if isinstance(item, str):
+            kind = type(item)
+            if kind is int:  # the common case (shapes): compared inline
+                if not -MAX_JSON_INT <= item <= MAX_JSON_INT:
+                    return False
+            elif kind is str:
                 if search(item):
                     return False
-            elif isinstance(item, dict | list):
+            elif kind is dict or kind is list:
                 stack.append((item, depth + 1))
             elif not _plain_number(item):
                 return False

@@ -27,7 +27,7 @@ from backend.orm import Check, Cluster, Job, Model
 from backend.settings import Settings
 from shardlab.cost.clusters import load_cluster
 from tests.api.conftest import assert_error
-from tests.api.test_bad_requests import GRAPH, Ref, make, resolve, row_counts
+from tests.api.test_bad_requests import GRAPH, Ref, body_refs, make, resolve, row_counts
 from tests.api.test_model_import import LLAMA
 from tests.api.test_plans import run_jobs
 
@@ -138,20 +138,12 @@ def test_refused_at_the_door_naming_the_field(
     case: Poison, client: TestClient, app: FastAPI
 ) -> None:
     ids: dict[str, Any] = {}
-    for name in (*case.needs, *_refs(case.body)):
+    for name in (*case.needs, *body_refs(case.body)):
         make(client, name, ids)
     before = row_counts(app)
     assert_error(_send(client, case, ids), 422, case.code, case.named)
     assert row_counts(app) == before
     assert client.get("/api/jobs").status_code == 200
-
-
-def _refs(body: Any) -> list[str]:
-    if isinstance(body, Ref):
-        return [body.name]
-    if isinstance(body, dict):
-        return [name for value in body.values() for name in _refs(value)]
-    return []
 
 
 # -- what got stored anyway reads for good ---------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.user_json import MAX_JSON_DEPTH, codepoint, json_problem, path_text
+from shardlab.user_json import MAX_JSON_DEPTH, codepoint, json_problem, path_text, readable
 
 
 def _nested(levels: int) -> Any:
@@ -53,3 +53,38 @@ def test_nesting_past_the_limit_is_refused_without_recursion() -> None:
     assert problem is not None and problem.kind == "too_deep"
     assert problem.message == f"nested too deeply (more than {MAX_JSON_DEPTH} levels)"
     assert json_problem(_nested(100_000)) is not None  # far past Python's recursion limit
+
+
+def test_lone_surrogates_in_values_and_keys_are_named_where_they_are() -> None:
+    problem = json_problem({"config": {"_name_or_path": "x\ud800"}})
+    assert problem is not None and problem.kind == "invalid_unicode"
+    assert problem.path == ("config", "_name_or_path")
+    assert problem.message == (
+        "'x\\ud800' is not valid Unicode: it holds the lone surrogate U+D800, which no UTF-8 "
+        "text can"
+    )
+    key = json_problem({"config": {"\udfff": 1}})
+    assert key is not None and key.path == ("config",) and "the key '\\udfff'" in key.message
+    assert json_problem({"emoji": "\U0001f600", "text": "\u2603"}) is None  # pairs are text
+
+
+def test_numbers_json_cannot_hold_are_named_where_they_are() -> None:
+    cases = {
+        float("nan"): "NaN is not a number JSON can hold",
+        float("inf"): "Infinity is not a number JSON can hold",
+        float("-inf"): "-Infinity is not a number JSON can hold",
+        10**400: "an integer of 401 digits is out of range",
+        -(2**63): "an integer of 19 digits is out of range",
+    }
+    for number, message in cases.items():
+        problem = json_problem({"budgets": [1, {"x": number}]})
+        assert problem is not None and problem.path == ("budgets", 1, "x"), number
+        assert problem.message.startswith(message), problem.message
+    assert json_problem({"n": [2**63 - 1, -(2**63) + 1, 1e308, True]}) is None
+
+
+def test_readable_puts_replacement_and_null_where_json_cannot_go() -> None:
+    stored = {"a\ud800": ["x\udfff", float("nan"), 10**400, 2, "ok"], "b": {"c": 1.5}}
+    assert readable(stored) == {"a\ufffd": ["x\ufffd", None, None, 2, "ok"], "b": {"c": 1.5}}
+    clean = {"a": [1, 2.5, "b"]}
+    assert readable(clean) is clean  # nothing to change: the same object, no copy
