@@ -1,8 +1,10 @@
 """A built plan exported for PyTorch: `GET /api/plans/{id}/export?format=...` as a download.
 
 Formats (`shardlab.export.plan_export`): `dtensor` (a Python module with
-`parallelize(model, world_mesh=None)`), `torchtitan` (the `[parallelism]` and
-`[activation_checkpoint]` TOML) and `json` (every parameter's placements). The answer is
+`parallelize(model, world_mesh=None)`), `torchtitan` (torchtitan 0.3's command-line
+options), `torchtitan-toml` (the `[parallelism]` and `[activation_checkpoint]` TOML of
+torchtitan before 0.3), `megatron` (Megatron-LM's `pretrain_gpt.py` options) and `json`
+(every parameter's placements). The answer is
 the file as an attachment (`Content-Disposition`, named `plan<id>_...`); notes on what the
 export cannot say exactly travel in the `X-Export-Notes` header (JSON list). The plan is
 rebuilt from its stored `plan` artifact (model, strategy, optimizer; completion only, about
@@ -48,8 +50,8 @@ FILE_ANSWER: dict[int | str, dict[str, Any]] = {
 def export_plan_file(
     plan_id: PathId, session: SessionDep, principal: PrincipalDep, format: FormatQuery = "dtensor"
 ) -> Response:
-    """The plan as a PyTorch DTensor module, a torchtitan config or placements JSON, as an
-    attachment (module docstring)."""
+    """The plan as a DTensor module, torchtitan or Megatron-LM options or placements
+    JSON, as an attachment (module docstring)."""
     export_format(format)  # an unknown format is refused before anything is read
     plan = built_plan(session, principal.team_id, plan_id)
     data = artifact(session, plan, "plan")

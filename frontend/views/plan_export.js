@@ -1,5 +1,6 @@
 // A plan's exports for PyTorch (GET /api/plans/{id}/export?format=...): the DTensor
-// parallelize module, the torchtitan config section and the parameter placements JSON.
+// parallelize module, torchtitan 0.3's command line (and the TOML of older torchtitan),
+// Megatron-LM's pretrain_gpt.py options and the parameter placements JSON.
 // Links download with the session cookie like the trace; a click fetches first so that an
 // export the service refuses (a partial parameter, say) shows its message here instead of
 // saving the error as a file.
@@ -8,7 +9,9 @@ import { errorBox, h } from "../ui.js";
 
 const FORMATS = [
   ["dtensor", "DTensor parallelize module", "parallelize(model) for torch.distributed"],
-  ["torchtitan", "torchtitan config", "[parallelism] and [activation_checkpoint]"],
+  ["torchtitan", "torchtitan arguments", "torchtitan 0.3: --module llama3 --config ... --parallelism.*"],
+  ["torchtitan-toml", "torchtitan TOML", "before 0.3: [parallelism] and [activation_checkpoint]"],
+  ["megatron", "Megatron-LM arguments", "pretrain_gpt.py: --tensor-model-parallel-size ..."],
   ["json", "Parameter placements JSON", "every parameter's placement, for other tools"],
 ];
 

@@ -1,9 +1,10 @@
-"""`shardlab export-plan`: a saved plan as a PyTorch DTensor module, torchtitan config or JSON.
+"""`shardlab export-plan`: a saved plan as a DTensor module, torchtitan or Megatron options, JSON.
 
 `shardlab export-plan plan.json --format dtensor -o parallelize.py` reads what `shardlab
 plan ... -o plan.json` wrote (rebuilding the plan from its model and strategy) and writes
 the export (`shardlab.export.plan_export`) to the file, or to stdout without `-o`. What
-the export cannot say exactly (ZeRO-1/2 as data parallelism) is printed to stderr as notes.
+the export cannot say exactly, or maps to what its framework runs (ZeRO-1/2, DDP under
+torchtitan), is printed to stderr as notes.
 Errors name the plan file and field, the format, or the parameter and placement.
 """
 
@@ -22,13 +23,18 @@ from shardlab.errors import ShardlabError
 def export_plan_cmd(
     plan_file: Annotated[Path, typer.Argument(help="A plan file written by `shardlab plan -o`.")],
     fmt: Annotated[
-        str, typer.Option("--format", help="dtensor (Python module), torchtitan (TOML) or json.")
+        str,
+        typer.Option(
+            "--format",
+            help="dtensor (Python module), torchtitan (0.3 command line), torchtitan-toml "
+            "(before 0.3), megatron (pretrain_gpt.py options) or json.",
+        ),
     ] = "dtensor",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
     ] = None,
 ) -> None:
-    """Export a plan for PyTorch: a DTensor parallelize module, torchtitan config or JSON."""
+    """Export a plan: a DTensor parallelize module, torchtitan or Megatron-LM options, or JSON."""
     from shardlab.export.plan_export import export_format, export_plan
     from shardlab.plan import load_plan
 

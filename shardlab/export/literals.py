@@ -11,7 +11,10 @@ writer here, and the exports write user text through them only:
   no quote run can close it, and every unprintable character (line breaks too) escaped;
 - `comment_text`: the rest of a `#` comment line (Python or TOML): every unprintable
   character escaped, so it cannot break the line;
-- `toml_str`: a TOML basic string (TOML has no lone surrogates: those become U+FFFD).
+- `toml_str`: a TOML basic string (TOML has no lone surrogates: those become U+FFFD);
+- `sh_arg`: one shell word (`shlex.quote`: single-quoted unless it is plain), for the
+  argument exports (torchtitan's command line, Megatron-LM's); a word holding a line break
+  or another unprintable character is refused, since an argument file has one option a line.
 
 Reading the escaped text back (the docstring's value, the string's) gives the user's text
 again, except for what `comment_text` shows escaped.
@@ -20,6 +23,9 @@ again, except for what `comment_text` shows escaped.
 from __future__ import annotations
 
 import json
+import shlex
+
+from shardlab.errors import ShardlabError
 
 
 def py_str(text: str) -> str:
@@ -76,3 +82,16 @@ def toml_str(text: str) -> str:
             out.append(c)
     out.append('"')
     return "".join(out)
+
+
+def sh_arg(text: str) -> str:
+    """`text` as one shell word; an unprintable character (a line break) is refused, since
+    the argument exports keep one option on a line."""
+    bad = next((c for c in text if not c.isprintable()), None)
+    if bad is not None:
+        raise ShardlabError(
+            f"the argument {comment_text(text)!r} holds {_escaped(bad)!r}, which an argument "
+            "file cannot hold on one line",
+            argument=comment_text(text),
+        )
+    return shlex.quote(text)

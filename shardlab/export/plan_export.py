@@ -4,11 +4,15 @@ What it is for: one table of formats (`EXPORTS`), so `shardlab export-plan --for
 `GET /api/plans/{id}/export?format=F` offer the same files with the same names:
 
 - `dtensor`: a Python module, `parallelize(model, world_mesh=None)` (`export.dtensor`);
-- `torchtitan`: the `[parallelism]` and `[activation_checkpoint]` TOML (`export.torchtitan`);
+- `torchtitan`: torchtitan 0.3's command line, one option a line (`export.torchtitan`);
+- `torchtitan-toml`: the `[parallelism]` and `[activation_checkpoint]` TOML of torchtitan
+  before 0.3 (`export.torchtitan_toml`);
+- `megatron`: Megatron-LM's `pretrain_gpt.py` arguments (`export.megatron`);
 - `json`: every parameter's placements (`export.placements_json.parameter_placements`).
 
 `export_plan(plan, format)` returns the file's text, media type, a file name and the notes
-the user should read (what the export cannot say exactly, e.g. ZeRO-1/2). `rebuild_plan`
+the user should read (what the format cannot say exactly, e.g. ZeRO-1/2, and what it maps
+to what its framework runs). `rebuild_plan`
 rebuilds the plan a stored plan artifact (`Plan.to_json()`) describes, as the service needs.
 """
 
@@ -22,9 +26,11 @@ from typing import Any
 
 from shardlab.cost.clusters import cluster_from_dict
 from shardlab.export.dtensor import derive_export, render_dtensor
+from shardlab.export.megatron import megatron_run
 from shardlab.export.parameters import PIPELINE_AXIS, ExportError
 from shardlab.export.placements_json import parameter_placements
-from shardlab.export.torchtitan import render_torchtitan
+from shardlab.export.torchtitan import torchtitan_run
+from shardlab.export.torchtitan_toml import render_torchtitan_toml
 from shardlab.graph_json import graph_from_json
 from shardlab.plan import Plan, build_plan
 from shardlab.strategy import Strategy
@@ -36,20 +42,43 @@ class ExportFormat:
     media_type: str
     suffix: str
     description: str
-    render: Callable[[Plan], str]
+    #: the file's text and the notes the user should read
+    render: Callable[[Plan], tuple[str, list[str]]]
 
 
-def _json(plan: Plan) -> str:
-    return json.dumps(parameter_placements(plan), indent=1) + "\n"
+def _json(plan: Plan) -> tuple[str, list[str]]:
+    return json.dumps(parameter_placements(plan), indent=1) + "\n", derive_export(plan).notes
+
+
+def _dtensor(plan: Plan) -> tuple[str, list[str]]:
+    return render_dtensor(plan), derive_export(plan).notes
+
+
+def _torchtitan(plan: Plan) -> tuple[str, list[str]]:
+    run = torchtitan_run(plan)
+    return run.text(), run.notes
+
+
+def _torchtitan_toml(plan: Plan) -> tuple[str, list[str]]:
+    return render_torchtitan_toml(plan), derive_export(plan).notes
+
+
+def _megatron(plan: Plan) -> tuple[str, list[str]]:
+    run = megatron_run(plan)
+    return run.text(), run.notes
 
 
 EXPORTS: dict[str, ExportFormat] = {
     f.name: f
     for f in (
         ExportFormat("dtensor", "text/x-python", "_parallelize.py",
-                     "DTensor parallelize module", render_dtensor),
-        ExportFormat("torchtitan", "application/toml", "_torchtitan.toml",
-                     "torchtitan parallelism config", render_torchtitan),
+                     "DTensor parallelize module", _dtensor),
+        ExportFormat("torchtitan", "text/plain", "_torchtitan.args",
+                     "torchtitan 0.3 command-line arguments", _torchtitan),
+        ExportFormat("torchtitan-toml", "application/toml", "_torchtitan.toml",
+                     "torchtitan config TOML (before 0.3)", _torchtitan_toml),
+        ExportFormat("megatron", "text/plain", "_megatron.args",
+                     "Megatron-LM pretrain_gpt.py arguments", _megatron),
         ExportFormat("json", "application/json", "_placements.json",
                      "parameter placements JSON", _json),
     )
@@ -78,9 +107,9 @@ def export_plan(plan: Plan, name: str, stem: str | None = None) -> ExportedFile:
     """`plan` written as format `name`; the file is named `<stem><suffix>` (stem: the model's
     name, made safe for a file name)."""
     fmt = export_format(name)
-    text = fmt.render(plan)
+    text, notes = fmt.render(plan)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem or plan.model.name or "plan").strip("._") or "plan"
-    return ExportedFile(text, fmt.media_type, safe + fmt.suffix, tuple(derive_export(plan).notes))
+    return ExportedFile(text, fmt.media_type, safe + fmt.suffix, tuple(notes))
 
 
 def rebuild_plan(data: dict[str, Any]) -> Plan:

@@ -1,33 +1,76 @@
-"""A plan as torchtitan configuration: the `[parallelism]` and `[activation_checkpoint]` TOML.
+"""A plan as a torchtitan 0.3 run: the command-line arguments `torchtitan.train` takes.
 
-What it is for: `shardlab export-plan --format torchtitan` writes the part of a torchtitan
-job config (`--job.config_file`) that says how to parallelize, from the same per-axis roles
-the DTensor export decides (`export.dtensor.derive_export`, read off the plan's placements):
+What it is for: `shardlab export-plan --format torchtitan` writes how torchtitan should run
+the plan. torchtitan 0.3 reads no TOML: a run is a config function of a model module
+(`--module llama3 --config llama3_8b`) plus command-line overrides
+(`--parallelism.tensor_parallel_degree 4`), parsed and checked by its own
+`torchtitan.config.ConfigManager` (tyro). So the export is that argument list, one option
+(with its value) per line after `#` comment lines, ready for the shell:
 
-- `data_parallel_shard_degree`: the FSDP axis's size (1 without one);
-  `data_parallel_replicate_degree`: the data axes' sizes multiplied (HSDP with both);
-  `tensor_parallel_degree`: the tensor-parallel axis's size (torchtitan applies sequence
-  parallelism with it; a plan without it says so in a comment); `disable_loss_parallel`:
-  whether the plan gathers the logits before the loss (else the loss is vocab-parallel);
-- `pipeline_parallel_degree`, `pipeline_parallel_schedule` (`GPipe`, `1F1B`,
-  `Interleaved1F1B`), `pipeline_parallel_microbatch_size` (the local batch over the
-  micro-batches) and `module_fqns_per_model_part` (each model chunk's modules, the plan's
-  FQNs) on a mesh with a `pp` axis;
-- `[activation_checkpoint] mode`: the plan's recomputation (`none`, `selective` with
-  `selective_ac_option = "op"`, `full`);
-- `[training] local_batch_size` and `seq_len` from the model's token input.
+    torchrun --nproc_per_node=8 -m torchtitan.train $(grep -v '^#' plan_torchtitan.args)
 
-Comments carry what torchtitan cannot say (ZeRO-1/2, an idle axis, a mesh order other than
-torchtitan's `pp, dp_replicate, dp_shard, tp`). Text only: no torch, no toml library.
+A config function (`config_registry`) would need Python that builds torchtitan's model
+and trainer configs, which changes between its releases; the overrides are what its own
+scripts and tests pass (`./run_train.sh --parallelism.tensor_parallel_degree 2`), and a test
+parses every export with ConfigManager itself. The argument values are torchtitan's
+vocabulary only (degrees, sizes, schedule and module names): user text (model, value and
+axis names) reaches the file only in comments (`literals.comment_text`), and every
+argument is quoted by `literals.sh_arg` all the same.
+
+What is written, from the per-axis roles the DTensor export decides
+(`export.dtensor.derive_export`, read off the plan's placements):
+
+- `--module llama3` and the config whose model has the plan's shape (`LLAMA3_CONFIGS`:
+  layers, hidden, heads, kv heads, ffn, vocab); a Llama-family model of another shape gets
+  `llama3_debugmodel` and a note (torchtitan 0.3 takes the shape from the config function,
+  not from the command line). Other models are refused: torchtitan has no module for GPT-2
+  or Megatron's GPT, and an imported graph does not say which torchtitan module holds it.
+- `--training.local_batch_size` (per data-parallel rank and accumulation step),
+  `--training.global_batch_size` (the plan's batch: torchtitan accumulates gradients over
+  global / (local x data-parallel ranks) steps, the plan's micro-batches on a `pp=1` axis),
+  `--training.seq_len`, `--training.mixed_precision_param` (the parameters' dtype; 16-bit
+  parameters without float32 masters: `--training.dtype bfloat16`).
+- `--parallelism.data_parallel_replicate_degree` (data axes), `data_parallel_shard_degree`
+  (the FSDP axis), `tensor_parallel_degree`, `enable_sequence_parallel` (a boolean flag:
+  `--parallelism.no_enable_sequence_parallel` when the plan keeps activations replicated),
+  `context_parallel_degree 1`, `pipeline_parallel_degree`; on a `pp` axis
+  `pipeline_parallel_schedule` (`GPipe`, `1F1B`, `Interleaved1F1B`),
+  `pipeline_parallel_microbatch_size` and `module_fqns_per_model_part`, in torchtitan's
+  llama3 module names (`tok_embeddings`, `layers.<i>`, `norm`, `lm_head`: the plan's
+  embedding, layers, final norm and head, matched by what reads their parameters, never by
+  their names), and `--training.disable_cuda_graphs` (ConfigManager refuses pipeline
+  parallelism with CUDA graphs, which 0.3 enables by default).
+- the activation-checkpointing subcommand, last: `activation-checkpoint:none`, `:full`, or
+  `:selective` (torchtitan's per-op selective checkpointing; the config functions default
+  to it, so it is always written).
+
+Mapped, with a note (`TorchtitanRun.notes`): data parallelism without FSDP (DDP, also beside
+tensor parallelism) is `data_parallel_replicate_degree` with shard degree 1, which torchtitan
+0.3 runs as `fully_shard` over a size-1 shard axis: parameters replicated, gradients
+all-reduced over the replicate axis, as DDP does; ZeRO-1/2 on an axis is
+`data_parallel_shard_degree` with `--parallelism.fsdp_reshard_after_forward never` (one
+parameter gather per step and a gradient reduce-scatter, as ZeRO-2 moves them; the
+parameters are sharded between steps where the plan keeps them whole). Said in notes too:
+torchtitan's loss is vocab-parallel under tensor parallelism, and it reduces gradients in
+float32. Refused (`ExportError`): two sharding axes (FSDP and ZeRO), a batch that does not
+divide.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from shardlab.export.dtensor import DATA, FSDP, IDLE, TENSOR, DTensorExport, derive_export
-from shardlab.export.literals import comment_text, toml_str
-from shardlab.export.parameters import PIPELINE_AXIS, ExportError
+from shardlab.export.arguments import ArgumentFile
+from shardlab.export.dtensor import (
+    DATA,
+    FSDP,
+    TENSOR,
+    ZERO_STATE_ONLY,
+    DTensorExport,
+    derive_export,
+)
+from shardlab.export.parameters import EMBEDDING, LINEAR, NORM, PIPELINE_AXIS, ExportError
 from shardlab.ir import ValueKind
 from shardlab.plan import Plan
 
@@ -35,19 +78,32 @@ from shardlab.plan import Plan
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 #: torchtitan's mesh order, outer to inner.
 TORCHTITAN_ORDER = ("pp", DATA, FSDP, TENSOR)
+MODULE = "llama3"
+#: torchtitan 0.3's llama3 config functions -> the model shape each builds
+#: (layers, hidden, heads, kv heads, ffn, vocab); a test reads them off torchtitan itself
+LLAMA3_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
+    "llama3_8b": (32, 4096, 32, 8, 14336, 128256),
+    "llama3_70b": (80, 8192, 64, 8, 28672, 128256),
+    "llama3_405b": (126, 16384, 128, 8, 53248, 128256),
+}
+#: the config a Llama of another shape starts from (its shape is torchtitan's debug model)
+DEBUG_CONFIG = "llama3_debugmodel"
+#: torchtitan's llama3 module names of the modules around the layers, by what they are
+TORCHTITAN_NAMES = {EMBEDDING: "tok_embeddings", NORM: "norm", LINEAR: "lm_head"}
+#: recomputation policy -> torchtitan's activation-checkpointing subcommand
+AC_SUBCOMMANDS = {
+    "none": "activation-checkpoint:none",
+    "full": "activation-checkpoint:full",
+    "selective": "activation-checkpoint:selective",
+}
+_HALF = ("bfloat16", "float16")
 
 
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, str):
-        return toml_str(value)
-    return str(value)
+#: the run's argument file (`export.arguments`)
+TorchtitanRun = ArgumentFile
 
 
-def _batch(plan: Plan) -> tuple[int, int | None]:
+def batch_and_seq(plan: Plan) -> tuple[int, int | None]:
     """(global batch, sequence length or None) from the model's first batched input."""
     for v in plan.model.values_of_kind(ValueKind.INPUT):
         if v.type.rank >= 1:
@@ -55,8 +111,8 @@ def _batch(plan: Plan) -> tuple[int, int | None]:
     raise ExportError(f"model {plan.model.name!r} has no batched input: no batch size to export")
 
 
-def _model_parts(plan: Plan, export: DTensorExport) -> list[list[str]]:
-    """Each model chunk's top-level modules and layers, in chunk order."""
+def model_parts(plan: Plan, export: DTensorExport) -> list[list[str]]:
+    """Each model chunk's top-level modules and layers (the plan's names), in chunk order."""
     assert plan.pipeline is not None
     chunks = plan.pipeline.assignment.chunks
     layered = set(export.fsdp_units)
@@ -74,50 +130,149 @@ def _model_parts(plan: Plan, export: DTensorExport) -> list[list[str]]:
     return parts
 
 
-def render_torchtitan(plan: Plan) -> str:
-    """The TOML sections (module docstring), ending in one newline."""
-    export = derive_export(plan)
+def _llama_config(plan: Plan) -> tuple[str, str | None]:
+    """(torchtitan config function, a note or None) for the plan's model; refuses models
+    torchtitan 0.3 has no module for."""
+    meta = plan.model.meta or {}
+    config: dict[str, Any] = meta["config"] if isinstance(meta.get("config"), dict) else {}
+    if meta.get("importer"):
+        raise ExportError(
+            f"model {plan.model.name!r} was imported ({meta['importer']}): torchtitan 0.3 "
+            "builds its models from its own modules (--module llama3, qwen3, deepseek_v3, "
+            "...) and Shardlab cannot tell which of them holds an imported graph; export "
+            "--format dtensor and apply it to the model",
+            model=plan.model.name,
+        )
+    family = config.get("family")
+    if family != "llama" or config.get("tie_embeddings"):
+        what = f"a {family} model" if family else "not a model preset Shardlab knows"
+        raise ExportError(
+            f"model {plan.model.name!r} is {what}: torchtitan 0.3 has a module for Llama "
+            "(--module llama3) but none for GPT-2, Megatron's GPT or other models; export "
+            "--format dtensor or megatron",
+            model=plan.model.name,
+        )
+    shape = tuple(config.get(k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn",
+                                          "vocab"))  # fmt: skip
+    for name, known in LLAMA3_CONFIGS.items():
+        if shape == known:
+            return name, None
+    dims = ", ".join(f"{k} {v}" for k, v in zip(("layers", "hidden", "heads", "kv heads",
+                                                  "ffn", "vocab"), shape, strict=True))  # fmt: skip
+    return DEBUG_CONFIG, (
+        f"torchtitan 0.3 takes the model's shape from its config function, and none of "
+        f"llama3's ({', '.join(LLAMA3_CONFIGS)}) has this model's ({dims}): the run "
+        f"starts from {DEBUG_CONFIG}; register a config function with this shape and pass "
+        "it as --config"
+    )
+
+
+def _torchtitan_parts(plan: Plan, export: DTensorExport) -> list[str]:
+    """`module_fqns_per_model_part` in torchtitan's llama3 names, each part as A,B,C."""
+    kinds: dict[str, str] = {}
+    for p in export.params:
+        top = p.module.split(".")[0] if p.module else p.name
+        kinds.setdefault(top, p.kind)
+    out = []
+    for part in model_parts(plan, export):
+        names = []
+        for module in part:
+            layer = module.rsplit(".", 1)
+            if module in export.fsdp_units and layer[-1].isdigit():
+                names.append(f"layers.{int(layer[-1])}")
+                continue
+            kind = kinds.get(module.split(".")[0])
+            if kind not in TORCHTITAN_NAMES:
+                raise ExportError(
+                    f"module {module!r} of model {plan.model.name!r} (read as {kind}) has no "
+                    "counterpart in torchtitan's llama3 (tok_embeddings, layers, norm, "
+                    "lm_head): no pipeline split to write",
+                    module=module,
+                )
+            names.append(TORCHTITAN_NAMES[kind])
+        out.append(",".join(names))
+    return out
+
+
+def _data_degrees(plan: Plan, export: DTensorExport, notes: list[str]) -> tuple[int, int, bool]:
+    """(replicate degree, shard degree, ZeRO mapped to FSDP) from the data and FSDP axes."""
     sizes = dict(zip(export.mesh_axes, export.mesh_shape, strict=True))
+    zero = {t.axis for t in plan.strategy.templates if t.name in ZERO_STATE_ONLY}
+    zero_axes = [a for a in export.data_axes if a in zero]
+    if zero_axes and (export.fsdp_axis is not None or len(zero_axes) > 1):
+        shards = [*zero_axes, *([export.fsdp_axis] if export.fsdp_axis else [])]
+        raise ExportError(
+            f"mesh axes {', '.join(map(repr, shards))} both shard the training state (ZeRO "
+            "or FSDP); torchtitan shards it on one data-parallel axis "
+            "(data_parallel_shard_degree)",
+            axis=shards[-1],
+        )
+    replicate_axes = [a for a in export.data_axes if a not in zero_axes]
+    replicate = math.prod(sizes[a] for a in replicate_axes)
     shard = sizes[export.fsdp_axis] if export.fsdp_axis else 1
-    replicate = math.prod(sizes[a] for a in export.data_axes)
+    if zero_axes:
+        shard = sizes[zero_axes[0]]
+        names = ", ".join(t.name for t in plan.strategy.templates if t.name in ZERO_STATE_ONLY)
+        notes.append(
+            f"{names} on mesh axis {zero_axes[0]!r} is run as torchtitan's FSDP "
+            "(data_parallel_shard_degree) with fsdp_reshard_after_forward never: one "
+            "parameter all-gather per step and a gradient reduce-scatter, the collectives "
+            "ZeRO-2 issues; unlike the plan, the parameters stay sharded between steps"
+        )
+    elif replicate > 1 and export.fsdp_axis is None:
+        notes.append(
+            "data parallelism without FSDP is data_parallel_replicate_degree with "
+            "data_parallel_shard_degree 1: torchtitan 0.3 has no DDP wrapper and runs it as "
+            "fully_shard over a size-1 shard axis (parameters replicated, gradients "
+            "all-reduced over the replicate axis, as DDP does)"
+        )
+    return replicate, shard, bool(zero_axes)
+
+
+def torchtitan_run(plan: Plan) -> ArgumentFile:
+    """The run's arguments, header comments and notes (module docstring)."""
+    config, shape_note = _llama_config(plan)
+    export = derive_export(plan)
+    notes = [n for n in export.notes if not any(z in n for z in ZERO_STATE_ONLY)]
+    notes += [shape_note] if shape_note else []
+    sizes = dict(zip(export.mesh_axes, export.mesh_shape, strict=True))
+    replicate, shard, zero = _data_degrees(plan, export, notes)
     tp = sizes[export.tp_axis] if export.tp_axis else 1
     pp = sizes.get(PIPELINE_AXIS, 1)
-    batch, seq = _batch(plan)
-    if batch % (shard * replicate):
+    batch, seq = batch_and_seq(plan)
+    ranks = replicate * shard
+    micro = plan.pipeline.options.microbatches if plan.pipeline is not None else 1
+    if batch % ranks or (pp == 1 and batch % (ranks * micro)):
         raise ExportError(
-            f"the global batch {batch} does not divide over the {shard * replicate} "
-            "data-parallel ranks",
+            f"the global batch {batch} does not divide over the {ranks} data-parallel ranks"
+            + (f" and {micro} accumulation steps" if pp == 1 and micro > 1 else ""),
             batch=batch,
         )
-    local = batch // (shard * replicate)
-    # user text (annotation globs, value and axis names) only through `comment_text`
-    comments = [f"# Shardlab plan: {comment_text(plan.strategy.describe())}",
-                *(f"# {comment_text(n)}." for n in export.notes)]  # fmt: skip
-    roles = {a: r for a, r in export.roles.items()}
-    comments += [f"# mesh axis {comment_text(repr(a))} is idle (no placement uses it)."
-                 for a, r in roles.items() if r == IDLE]  # fmt: skip
-    order = [PIPELINE_AXIS if a == PIPELINE_AXIS else roles[a] for a in export.mesh_axes]
-    ranked = [r for r in order if r in TORCHTITAN_ORDER]
-    if ranked != sorted(ranked, key=TORCHTITAN_ORDER.index):
-        comments.append(
-            f"# the plan's mesh order ({comment_text(', '.join(export.mesh_axes))}) differs "
-            "from torchtitan's "
-            "(pp, dp_replicate, dp_shard, tp): ranks are grouped differently."
-        )
-    if export.tp_axis is not None and "SequenceParallel" not in {
-        s.cls for s in export.tp_plan.values()
-    }:
-        comments.append(
-            "# torchtitan's tensor parallelism includes sequence parallelism; this plan has none."
-        )
-    par: list[tuple[str, object]] = [
-        ("data_parallel_replicate_degree", replicate),
-        ("data_parallel_shard_degree", shard),
-        ("tensor_parallel_degree", tp),
-        ("disable_loss_parallel", export.loss_gathered),
-        ("pipeline_parallel_degree", pp),
-    ]
-    if plan.pipeline is not None:
+    # pp > 1: torchtitan cuts the local batch into micro-batches; pp = 1: it accumulates
+    local = batch // ranks if pp > 1 else batch // (ranks * micro)
+    dtype = plan.model.values_of_kind(ValueKind.PARAM)[0].type.dtype
+    masters = bool((plan.training.meta or {}).get("master_weights"))
+    args: list[list[str]] = [["--module", MODULE], ["--config", config]]
+    args += [["--training.local_batch_size", str(local)],
+             ["--training.global_batch_size", str(batch)]]  # fmt: skip
+    if seq is not None:
+        args.append(["--training.seq_len", str(seq)])
+    if dtype in _HALF and not masters:
+        args.append(["--training.dtype", "bfloat16"])
+    args.append(["--training.mixed_precision_param", "bfloat16" if dtype in _HALF else "float32"])
+    sp = any(s.cls == "SequenceParallel" for s in export.tp_plan.values())
+    args += [
+        ["--parallelism.data_parallel_replicate_degree", str(replicate)],
+        ["--parallelism.data_parallel_shard_degree", str(shard)],
+        ["--parallelism.tensor_parallel_degree", str(tp)],
+        ["--parallelism.enable_sequence_parallel" if sp or tp == 1
+         else "--parallelism.no_enable_sequence_parallel"],
+        ["--parallelism.context_parallel_degree", "1"],
+        ["--parallelism.pipeline_parallel_degree", str(pp)],
+    ]  # fmt: skip
+    if zero:
+        args.append(["--parallelism.fsdp_reshard_after_forward", "never"])
+    if plan.pipeline is not None and pp > 1:
         options = plan.pipeline.options
         if local % options.microbatches:
             raise ExportError(
@@ -125,16 +280,40 @@ def render_torchtitan(plan: Plan) -> str:
                 "micro-batches",
                 microbatches=options.microbatches,
             )
-        par += [
-            ("pipeline_parallel_schedule", SCHEDULE_NAMES[options.schedule]),
-            ("pipeline_parallel_microbatch_size", local // options.microbatches),
-            ("module_fqns_per_model_part", _model_parts(plan, export)),
-        ]
-    lines = [*comments, "", "[training]", f"local_batch_size = {local}"]
-    if seq is not None:
-        lines.append(f"seq_len = {seq}")
-    lines += ["", "[parallelism]", *(f"{k} = {_toml(v)}" for k, v in par), ""]
-    lines += ["[activation_checkpoint]", f"mode = {_toml(export.recompute)}"]
-    if export.recompute == "selective":
-        lines.append('selective_ac_option = "op"')
-    return "\n".join(lines) + "\n"
+        args += [
+            ["--training.disable_cuda_graphs"],  # torchtitan 0.3: no CUDA graphs with pp
+            ["--parallelism.pipeline_parallel_schedule", SCHEDULE_NAMES[options.schedule]],
+            ["--parallelism.pipeline_parallel_microbatch_size",
+             str(local // options.microbatches)],
+            ["--parallelism.module_fqns_per_model_part", *_torchtitan_parts(plan, export)],
+        ]  # fmt: skip
+    args.append([AC_SUBCOMMANDS[export.recompute]])
+    if tp > 1 and export.loss_gathered:
+        notes.append(
+            "the plan gathers the logits before the loss; torchtitan's loss is vocab-parallel "
+            "under tensor parallelism (no gather, a few small all-reduces)"
+        )
+    if replicate * shard > 1 and dtype in _HALF:
+        notes.append(
+            "torchtitan reduces gradients in float32 (training.mixed_precision_reduce takes "
+            f"only float32); the plan reduces them in {dtype}, half the bytes"
+        )
+    roles = [PIPELINE_AXIS if a == PIPELINE_AXIS else export.roles[a] for a in export.mesh_axes]
+    ranked = [r for r in roles if r in TORCHTITAN_ORDER]
+    if ranked != sorted(ranked, key=TORCHTITAN_ORDER.index):
+        notes.append(
+            f"the plan's mesh order ({', '.join(export.mesh_axes)}) differs from torchtitan's "
+            "(pp, dp_replicate, dp_shard, tp): ranks are grouped differently"
+        )
+    comments = [
+        f"torchtitan 0.3 run of Shardlab plan: {plan.strategy.describe()}",
+        "torchrun --nproc_per_node=<ranks per node> -m torchtitan.train "
+        "$(grep -v '^#' <this file>)",
+        *(f"note: {n}." for n in notes),
+    ]
+    return ArgumentFile(args, comments, notes)
+
+
+def render_torchtitan(plan: Plan) -> str:
+    """The argument file (module docstring), ending in one newline."""
+    return torchtitan_run(plan).text()

@@ -1,4 +1,5 @@
-"""`GET /api/plans/{id}/export`: a built plan as a DTensor module, torchtitan TOML or JSON."""
+"""`GET /api/plans/{id}/export`: a built plan as a DTensor module, torchtitan 0.3 arguments,
+torchtitan TOML (before 0.3), Megatron-LM arguments or JSON."""
 
 from __future__ import annotations
 
@@ -38,7 +39,21 @@ def test_exports_of_a_built_plan(
     assert '"lm_head": ColwiseParallel(output_layouts=Replicate())' in module
     assert "replicate(model, mesh=mesh[DATA_AXES[0]])" in module
 
-    toml, disposition, _ = _export(client, plan_id, "torchtitan")
+    args, disposition, notes = _export(client, plan_id, "torchtitan")
+    assert f'filename="plan{plan_id}_torchtitan.args"' in disposition
+    for line in ("--module llama3", "--parallelism.data_parallel_replicate_degree 2",
+                 "--parallelism.data_parallel_shard_degree 1",
+                 "--parallelism.tensor_parallel_degree 2", "--training.local_batch_size 2",
+                 "activation-checkpoint:none"):  # fmt: skip
+        assert line in args.splitlines(), args
+    assert any("no DDP wrapper" in n for n in notes)  # DDP x TP, mapped and said
+
+    megatron, disposition, _ = _export(client, plan_id, "megatron")
+    assert f'filename="plan{plan_id}_megatron.args"' in disposition
+    assert "--tensor-model-parallel-size 2" in megatron.splitlines()
+    assert "--micro-batch-size 2" in megatron.splitlines()
+
+    toml, disposition, _ = _export(client, plan_id, "torchtitan-toml")
     assert f'filename="plan{plan_id}_torchtitan.toml"' in disposition
     for line in ("data_parallel_replicate_degree = 2", "data_parallel_shard_degree = 1",
                  "tensor_parallel_degree = 2", "pipeline_parallel_degree = 1",

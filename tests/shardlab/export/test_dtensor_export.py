@@ -122,8 +122,8 @@ def test_refusals_name_the_parameter_axis_and_placement() -> None:
         ExportError, match=r"'final_norm\.weight' is placed S\(0\) on mesh axis 'tp'"
     ):
         derive_export(tiny_plan("tp=2", ["megatron_tp"], ["final_norm.weight=tp:S(0)"]))
-    with pytest.raises(ExportError, match="mixes tensor parallelism"):
-        derive_export(tiny_plan("tp=2", ["fsdp:tp", "megatron_tp"]))  # norms: fsdp
+    with pytest.raises(ExportError, match="mixes tensor parallelism"):  # q_proj pinned, rest fsdp
+        derive_export(tiny_plan("tp=2", ["fsdp:tp"], ["layers.0.attn.q_proj.weight=tp:S(1)"]))
     with pytest.raises(ExportError, match="both tensor-parallel"):
         derive_export(tiny_plan("a=2,b=2", ["megatron_tp:a", "megatron_tp:b"]))
     assert issubclass(ExportError, ShardlabError)

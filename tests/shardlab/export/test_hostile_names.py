@@ -8,7 +8,11 @@ the text changed:
 
 - the DTensor module parses, and its syntax tree equals the twin's once string constants
   are blanked: the only code is the module's own (no call it did not write);
-- the torchtitan TOML parses to the twin's keys and values, the names read back exactly;
+- the torchtitan TOML (before 0.3) parses to the twin's keys and values, the names read
+  back exactly;
+- the argument files (torchtitan 0.3, Megatron-LM) hold the twin's options word for word
+  (their values are the frameworks' vocabulary: degrees, sizes, torchtitan's module names);
+  the names are only in `#` comment lines, which no name can break;
 - the placements JSON names every hostile parameter as it is.
 
 `shardlab.export.literals` is tested on what the service refuses at its door but the engine
@@ -24,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from shardlab.export.literals import comment_text, doc_text, py_str, toml_str
+from shardlab.errors import ShardlabError
+from shardlab.export.literals import comment_text, doc_text, py_str, sh_arg, toml_str
 from shardlab.export.plan_export import export_plan
 from shardlab.graph_json import graph_from_json, graph_to_json
 from shardlab.ir import ValueKind
@@ -104,15 +109,34 @@ def test_the_dtensor_module_runs_no_code_of_the_names(twins: tuple[Plan, Plan]) 
 
 
 def test_the_torchtitan_config_holds_the_names_as_strings(twins: tuple[Plan, Plan]) -> None:
-    benign, hostile = (tomllib.loads(export_plan(p, "torchtitan").text) for p in twins)
+    benign, hostile = (tomllib.loads(export_plan(p, "torchtitan-toml").text) for p in twins)
     parts = hostile["parallelism"].pop("module_fqns_per_model_part", None)
     expected = benign["parallelism"].pop("module_fqns_per_model_part", None)
     assert hostile == benign
     if expected is not None:
         assert parts == [[f"{PREFIX}.{m}" for m in part] for part in expected]
-    text = export_plan(twins[1], "torchtitan").text
+    text = export_plan(twins[1], "torchtitan-toml").text
     code = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert all(line.startswith("[") or " = " in line for line in code), code
+
+
+@pytest.mark.parametrize("fmt", ["torchtitan", "megatron"])
+def test_the_argument_files_hold_the_twins_options(twins: tuple[Plan, Plan], fmt: str) -> None:
+    import shlex
+
+    if fmt == "megatron" and any(t.name == "fsdp" for t in twins[0].strategy.templates):
+        for plan in twins:  # Megatron-LM has no FSDP: refused for both twins
+            with pytest.raises(ShardlabError, match="is FSDP"):
+                export_plan(plan, fmt)
+        return
+    benign, hostile = (export_plan(p, fmt).text.splitlines() for p in twins)
+    options = [line for line in hostile if not line.startswith("#")]
+    assert options == [line for line in benign if not line.startswith("#")]
+    assert all(line.startswith(("--", "activation-checkpoint:")) for line in options), options
+    assert len(hostile) == len(benign)  # no name adds a line
+    assert all(shlex.split(line) for line in options)
+    comments = "\n".join(line for line in hostile if line.startswith("#"))
+    assert comment_text(PREFIX) in comments  # the annotations, as text
 
 
 def test_the_placements_json_names_every_parameter_as_it_is(twins: tuple[Plan, Plan]) -> None:
@@ -143,3 +167,10 @@ def test_literals_keep_every_text_inside_its_place(text: str) -> None:
     toml = f"# {comment_text(text)}\nkey = {toml_str(text)}\n"
     clean = text.replace("\ud800", "\ufffd")
     assert tomllib.loads(toml) == {"key": clean}
+    import shlex
+
+    if all(c.isprintable() for c in text):
+        assert shlex.split(sh_arg(text)) == [text]
+    else:  # an argument file keeps one option a line: no line break inside a word
+        with pytest.raises(ShardlabError, match="cannot hold on one line"):
+            sh_arg(text)

@@ -1,5 +1,6 @@
-"""`export.torchtitan` (the TOML sections' values), `export.placements_json` (every
-parameter; the stored placements view) and `shardlab export-plan` (files, stdout, errors)."""
+"""`export.torchtitan_toml` (the TOML sections' values, torchtitan before 0.3),
+`export.placements_json` (every parameter; the stored placements view) and
+`shardlab export-plan` (files, stdout, errors)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typer.testing import CliRunner
 
 from shardlab.cli import app
 from shardlab.export.placements_json import parameter_placements, placements_view
-from shardlab.export.torchtitan import render_torchtitan
+from shardlab.export.torchtitan_toml import render_torchtitan_toml
 from shardlab.ir import ValueKind
 from shardlab.plan import save_plan
 from tests.shardlab.export.test_dtensor_export import tiny_plan
@@ -20,7 +21,7 @@ runner = CliRunner()
 
 
 def toml_of(plan: object) -> dict[str, dict[str, object]]:
-    return tomllib.loads(render_torchtitan(plan))  # type: ignore[arg-type]
+    return tomllib.loads(render_torchtitan_toml(plan))  # type: ignore[arg-type]
 
 
 def test_torchtitan_degrees_of_fsdp_tp_and_hsdp() -> None:
@@ -63,7 +64,7 @@ def test_torchtitan_pipeline_schedule_microbatches_and_parts() -> None:
 
 
 def test_zero2_says_it_has_no_exact_form() -> None:
-    text = render_torchtitan(tiny_plan("dp=2", ["dp", "zero2"]))
+    text = render_torchtitan_toml(tiny_plan("dp=2", ["dp", "zero2"]))
     assert "# zero2 on mesh axis 'dp' has no exact DTensor form" in text
     assert tomllib.loads(text)["parallelism"]["data_parallel_replicate_degree"] == 2
 
@@ -110,8 +111,12 @@ def test_cli_writes_each_format_and_names_bad_input(tmp_path: Path) -> None:
     data = json.loads(shown.stdout)
     assert data["parameters"][0] == {**data["parameters"][0], "name": "embed.weight",
                                      "placements": {"dp": "R"}}  # fmt: skip
-    toml = runner.invoke(app, ["export-plan", str(plan_file), "--format", "torchtitan"])
+    toml = runner.invoke(app, ["export-plan", str(plan_file), "--format", "torchtitan-toml"])
     assert "data_parallel_replicate_degree = 2" in toml.stdout
+    args = runner.invoke(app, ["export-plan", str(plan_file), "--format", "torchtitan"])
+    assert args.exit_code == 0, args.output
+    assert "--parallelism.data_parallel_shard_degree 2" in args.stdout  # zero1 -> FSDP
+    assert "note: zero1 on mesh axis 'dp' is run as torchtitan's FSDP" in args.output
     bad = runner.invoke(app, ["export-plan", str(plan_file), "--format", "onnx"])
     assert bad.exit_code == 1 and "unknown export format 'onnx'" in bad.output
     missing = runner.invoke(app, ["export-plan", str(tmp_path / "nope.json")])
