@@ -21,8 +21,15 @@ parameter's actual placements (`export.parameters`), never from template names a
   sequence-sharded -> `PrepareModuleInput`. Input and output layouts are the plan's: a
   column-parallel module reads its input as the plan lays it out (`Shard(1)` with sequence
   parallelism), a row-parallel module's partial sums go where the plan's consumers want them
-  (`Replicate()` or `Shard(1)`), and a column-parallel module feeding the loss gathers its
-  output (`Replicate()`, torchtitan's path without loss parallelism). A sequence-sharded
+  (`Replicate()` or `Shard(1)`), and a column-parallel module feeding the loss keeps the
+  logits vocab-sharded where the plan's loss is vocab-parallel (`Shard(-1)`, a DTensor:
+  `LOSS_PARALLEL`, the loss is computed inside torch's `loss_parallel()`), else gathers
+  them (`Replicate()`). Several column-parallel modules reading one norm's output (q, k, v;
+  gate and up) read it once, as the plan gathers it once: the norm hands it on as a
+  replicated DTensor (`SequenceParallelGathered`, the generated module's SequenceParallel
+  that gathers its output: one all-gather forward and one reduce-scatter backward; a
+  replicated norm: `PrepareModuleOutput`, one all-reduce of the summed gradient), where
+  each module converting its own input would gather it once per module. A sequence-sharded
   output (the embedding's and the row-parallel modules' under sequence parallelism) is kept
   a DTensor (`use_local_output=False`), as `SequenceParallel` keeps the norms' outputs: the
   residual stream then has its global shape, which models read (Hugging Face numbers the
@@ -36,9 +43,15 @@ parameter's actual placements (`export.parameters`), never from template names a
   are the layouts `export.dtensor_checks` finds the model's code cannot read (heads split
   after a replicated projection, a fused projection sharded by columns).
 - The FSDP axis: `fully_shard(unit, mesh=...)` per repeated layer (the module FQN up to its
-  first numeric component, `layers.3`) and then the root, each parameter sharded on the dim
-  the plan shards (`shard_placement_fn`); data axes beside it make it HSDP
-  (`mesh[(data, fsdp)]`). Data axes alone: `replicate` (DDP) on that sub-mesh.
+  first numeric component, `layers.3`), one unit for the modules after the last layer (the
+  final norm and head, which the plan gathers again for backward) and then the root (the
+  embedding, whose backward needs no gather: FSDP2 keeps the root's parameters unsharded
+  from forward to backward), each parameter sharded on the dim the plan shards
+  (`shard_placement_fn`); data axes beside it make it HSDP (`mesh[(data, fsdp)]`). Data
+  axes alone: `replicate` (DDP) on that sub-mesh. With 16-bit parameters both take FSDP2's
+  `MixedPrecisionPolicy` in the plan's dtypes: parameters gathered in theirs, gradients
+  reduced in the plan's gradient dtype (float32 under AdamW's float32 masters, else the
+  parameters'), so that a model holding float32 masters moves the plan's bytes.
 - `recompute: full` wraps every layer in `checkpoint_wrapper`; `selective` is described (its
   op-level policy is torchtitan's `selective_ac_option = "op"`); a `pp` axis is not applied:
   the module lists each stage's layers (`PIPELINE_STAGES`) for `torch.distributed.pipelining`.
@@ -104,6 +117,13 @@ class DTensorExport:
     fsdp_axis: str | None = None
     fsdp_dims: dict[str, int] = field(default_factory=dict)  # param -> torch dim
     fsdp_units: list[str] = field(default_factory=list)
+    #: the modules after the last layer (final norm, head): one FSDP unit of their own,
+    #: resharded after forward and gathered again for backward, as the plan gathers them
+    fsdp_tail: list[str] = field(default_factory=list)
+    #: FSDP2's MixedPrecisionPolicy: the dtypes the plan gathers parameters and reduces
+    #: gradients in, where they are 16-bit (None: the model's own dtype)
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
     data_axes: list[str] = field(default_factory=list)
     recompute: str = "none"
     pipeline_stages: dict[int, list[str]] = field(default_factory=dict)
@@ -234,8 +254,10 @@ def _module_style(plan: Plan, axis: str, module: str, params: list[ParamLayout],
             kwargs = []
             if kind != EMBEDDING and _on(plan, x, axis) != Replicate():
                 kwargs.append(("input_layouts", _layout(_on(plan, x, axis), rank_of(x))))
-            if _feeds_loss(plan, y):
+            if _feeds_loss(plan, y) and _loss_gathered(plan, axis):
                 kwargs.append(("output_layouts", "Replicate()"))
+            elif _feeds_loss(plan, y):  # vocab-parallel loss: torch's loss_parallel()
+                kwargs += [("output_layouts", "Shard(-1)"), ("use_local_output", "False")]
             style = Style(f"{prefix}ColwiseParallel", tuple(kwargs))
         else:
             kwargs = [("input_layouts", "Replicate()")] if kind == EMBEDDING else []
@@ -270,6 +292,54 @@ def _module_style(plan: Plan, axis: str, module: str, params: list[ParamLayout],
                 placement=str(p.placements[axis]),
             )
     return style
+
+
+def _gather_once(
+    plan: Plan, axis: str, by_module: dict[str, list[ParamLayout]], out: DTensorExport
+) -> None:
+    """One gather for the column-parallel modules that read the same activation (q, k, v;
+    gate and up), as the plan prices it: the norm that produces it hands it on as a
+    replicated DTensor (`SequenceParallelGathered` under sequence parallelism: one all-gather
+    forward, one reduce-scatter backward; a replicated norm's output through
+    `PrepareModuleOutput`: one all-reduce of the summed input gradient in backward), and the
+    readers take it as it is. Each reader converting its own input would gather it (or
+    all-reduce its gradient) once per reader."""
+    graph = plan.completed.graph
+    readers: dict[str, list[str]] = {}
+    for module, style in out.tp_plan.items():
+        weight = next((p for p in by_module.get(module, []) if p.attr == "weight"), None)
+        if weight is None or not style.cls.endswith("ColwiseParallel") or weight.kind == EMBEDDING:
+            continue
+        reader = _forward_reader(plan, weight)
+        if reader is not None:
+            readers.setdefault(reader[0], []).append(module)
+    producers: dict[str, str] = {}  # a norm's output -> the norm module
+    for module, group in by_module.items():
+        scale = next((p for p in group if p.kind == NORM and p.attr == "weight"), None)
+        reader = _forward_reader(plan, scale) if scale is not None else None
+        if reader is not None:
+            producers[reader[1]] = module
+    for value, modules in readers.items():
+        norm = producers.get(value)
+        if len(modules) < 2 or norm is None:
+            continue
+        inside = [op for op in graph.consumers(value) if op.role == OpRole.FORWARD]
+        if not all(any(op.scope == m or op.scope.startswith(m + ".") for m in modules)
+                   for op in inside):  # fmt: skip
+            continue  # another reader wants the value as the plan lays it out
+        own = out.tp_plan.get(norm)
+        if own is not None and own.cls == "SequenceParallel":
+            out.tp_plan[norm] = Style("SequenceParallelGathered")
+        elif own is None and _on(plan, value, axis) == Replicate():
+            out.tp_plan[norm] = Style("PrepareModuleOutput", (
+                ("output_layouts", "Replicate()"), ("desired_output_layouts", "Replicate()"),
+                ("use_local_output", "False"),
+            ))  # fmt: skip
+        else:
+            continue
+        for m in modules:
+            kept = tuple(kv for kv in out.tp_plan[m].kwargs if kv[0] != "input_layouts")
+            out.tp_plan[m] = Style(out.tp_plan[m].cls, kept)
 
 
 def _tied_styles(plan: Plan, axis: str, params: list[ParamLayout], out: DTensorExport) -> None:
@@ -328,6 +398,7 @@ def derive_export(plan: Plan) -> DTensorExport:
             else:
                 refuse_plain_into_sharded(plan, out.tp_axis, module, group)
         _tied_styles(plan, out.tp_axis, params, out)
+        _gather_once(plan, out.tp_axis, by_module, out)
     if out.fsdp_axis is not None:
         for p in params:
             placement = p.torch_placement(out.fsdp_axis)
@@ -335,8 +406,39 @@ def derive_export(plan: Plan) -> DTensorExport:
                 out.fsdp_dims[p.name] = placement.dim
     units = {m.group(1) for p in params if (m := _LAYER_UNIT.match(p.name))}
     out.fsdp_units = sorted(units, key=_natural)
+    _fsdp_tail_and_dtypes(plan, out)
     _notes(plan, out)
     return out
+
+
+def _fsdp_tail_and_dtypes(plan: Plan, out: DTensorExport) -> None:
+    """The modules whose parameters come after the last layer's (`fsdp_tail`), and the
+    16-bit dtypes the plan gathers parameters and reduces gradients in on the data axes."""
+    layered = [i for i, p in enumerate(out.params)
+               if any(p.name.startswith(u + ".") for u in out.fsdp_units)]  # fmt: skip
+    if layered:
+        tied = {alias.rpartition(".")[0] for alias in out.tied}
+        for p in out.params[layered[-1] + 1 :]:
+            if p.module and p.module not in out.fsdp_tail and p.module not in tied:
+                out.fsdp_tail.append(p.module)
+    axes = set(out.data_axes) | ({out.fsdp_axis} if out.fsdp_axis else set())
+    if not axes or not out.params:
+        return
+    dtype = plan.model.value(out.params[0].name).type.dtype
+    if dtype not in ("bfloat16", "float16"):
+        return
+    out.param_dtype = out.reduce_dtype = dtype
+    program = plan.program
+    for op in program.ops:
+        if (
+            op.comm is not None
+            and op.comm.axis in axes
+            and op.kind in ("reduce_scatter", "all_reduce")
+        ):
+            name = op.inputs[0]
+            if ".grad" in name and name in program.types:
+                out.reduce_dtype = program.types[name].dtype
+                break
 
 
 def _natural(name: str) -> list[object]:
@@ -377,10 +479,9 @@ def _notes(plan: Plan, out: DTensorExport) -> None:
         out.loss_gathered = _loss_gathered(plan, out.tp_axis)
         if not out.loss_gathered:
             out.module_notes.append(
-                "the plan feeds the loss vocab-sharded logits; here the column-parallel module "
-                "before the loss gathers them (output_layouts=Replicate()); for a vocab-parallel "
-                "loss use output_layouts=Shard(-1), use_local_output=False and torch's "
-                "loss_parallel()"
+                "the plan feeds the loss vocab-sharded logits: the model returns them as a "
+                "DTensor sharded on the vocabulary (LOSS_PARALLEL); compute the cross entropy "
+                "and its backward inside torch.distributed.tensor.parallel.loss_parallel()"
             )
 
 

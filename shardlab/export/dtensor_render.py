@@ -13,9 +13,17 @@ The generated module is ruff-clean, imports only torch, and holds:
 - for Hugging Face's `Conv1D` (weight [in, out], which torch's styles refuse),
   `Conv1DColwiseParallel` / `Conv1DRowwiseParallel`: torch's styles with the weight sharded
   on its output (dim 1) or input (dim 0) features;
-- `parallelize(model, world_mesh=None, device_type="cuda")`, which applies them in
-  torchtitan's order (tensor parallelism, activation checkpointing, then data parallelism:
-  FSDP / HSDP or replicate) and returns the model.
+- `SequenceParallelGathered`: `SequenceParallel` whose output is gathered once (to a
+  replicated DTensor) for the column-parallel modules reading it, as the plan gathers it;
+- `LOSS_PARALLEL`: the model returns vocab-sharded logits (a DTensor), whose loss is
+  computed inside `torch.distributed.tensor.parallel.loss_parallel()`;
+- `FSDP_TAIL` (the modules after the last layer: one FSDP unit, gathered again for
+  backward as the plan does; the root keeps the rest, the embedding, whose backward needs
+  no gather) and `PARAM_DTYPE` / `REDUCE_DTYPE` (FSDP2's `MixedPrecisionPolicy`: a model
+  holding float32 masters gathers and reduces in the plan's 16-bit dtypes);
+- `parallelize(model, world_mesh=None, device_type="cuda", mixed_precision=True)`, which
+  applies them in torchtitan's order (tensor parallelism, activation checkpointing, then
+  data parallelism: FSDP / HSDP or replicate) and returns the model.
 """
 
 from __future__ import annotations
@@ -82,17 +90,26 @@ def _conv1d(export: DTensorExport) -> bool:
     return any(s.cls.startswith(CONV1D_PREFIX) for s in export.tp_plan.values())
 
 
+#: the generated module's own styles -> the torch style each extends
+_OWN_STYLES = {"SequenceParallelGathered": "SequenceParallel"}
+
+
 def _imports(export: DTensorExport) -> list[str]:
-    styles = sorted({s.cls.removeprefix(CONV1D_PREFIX) for s in export.tp_plan.values()})
+    classes = {s.cls.removeprefix(CONV1D_PREFIX) for s in export.tp_plan.values()}
+    styles = sorted({_OWN_STYLES.get(c, c) for c in classes})
     conv1d = _conv1d(export)
-    needs_replicate = conv1d or any("Replicate()" in s.code() for s in export.tp_plan.values())
+    gathered = any(s.cls in _OWN_STYLES for s in export.tp_plan.values())
+    needs_replicate = (
+        conv1d or gathered or any("Replicate()" in s.code() for s in export.tp_plan.values())
+    )
     needs_shard = (
         conv1d or any("Shard(" in s.code() for s in export.tp_plan.values()) or export.fsdp_dims
     )
     out = ["from __future__ import annotations", ""]
     out += ["from functools import partial"] if conv1d else []
     out += ["from typing import Any", ""] if styles else []
-    out += ["import torch"] if export.mesh_ranks else []
+    mixed = export.param_dtype is not None
+    out += ["import torch"] if export.mesh_ranks or mixed else []
     out.append("from torch import nn")
     if export.recompute == "full":
         out.append(
@@ -103,9 +120,11 @@ def _imports(export: DTensorExport) -> list[str]:
         out.append("from torch.distributed._composable.replicate_with_fsdp import replicate")
     builder = "DeviceMesh" if export.mesh_ranks else "DeviceMesh, init_device_mesh"
     out.append(f"from torch.distributed.device_mesh import {builder}")
-    if export.fsdp_axis is not None:
-        out.append("from torch.distributed.fsdp import fully_shard")
-    needs = (("Replicate", needs_replicate), ("Shard", needs_shard))
+    if export.fsdp_axis is not None or (mixed and export.data_axes):
+        fsdp_names = ["MixedPrecisionPolicy"] if mixed else []
+        fsdp_names += ["fully_shard"] if export.fsdp_axis is not None else []
+        out.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
+    needs = (("DTensor", gathered), ("Replicate", needs_replicate), ("Shard", needs_shard))
     tensor_names = [n for n, need in needs if need]
     tensor_names += ["distribute_module", "distribute_tensor"] if conv1d else []
     if tensor_names:
@@ -124,6 +143,13 @@ def _constants(export: DTensorExport) -> list[str]:
     out.append(f"TP_AXIS = {_lit(export.tp_axis)}")
     out.append(f"FSDP_AXIS = {_lit(export.fsdp_axis)}")
     out.append(f"DATA_AXES = {_lit(tuple(export.data_axes))}")
+    if export.tp_axis is not None:
+        out.append("#: the model returns vocab-sharded logits: compute the loss in loss_parallel()")
+        out.append(f"LOSS_PARALLEL = {not export.loss_gathered!r}")
+    if export.param_dtype is not None:
+        out.append("#: FSDP2 gathers parameters and reduces gradients in these (mixed precision)")
+        out.append(f"PARAM_DTYPE = torch.{export.param_dtype}")
+        out.append(f"REDUCE_DTYPE = torch.{export.reduce_dtype}")
     out.append("#: what checkpoint_wrapper adds to the names of the parameters it wraps")
     out.append('WRAPPED = "._checkpoint_wrapped_module"')
     out.append("")
@@ -145,6 +171,11 @@ def _constants(export: DTensorExport) -> list[str]:
     out += ["#: the repeated layers: each is one FSDP unit / checkpointed block", "FSDP_UNITS = ("]
     out += [f"    {py_str(u)}," for u in units]
     out += [")", ""]
+    if export.fsdp_axis is not None:
+        out += ["#: the modules after the layers: one FSDP unit, gathered again for backward",
+                "FSDP_TAIL = ("]  # fmt: skip
+        out += [f"    {py_str(u)}," for u in export.fsdp_tail]
+        out += [")", ""]
     if export.pipeline_stages:
         stages = {str(s): _lit(v) for s, v in export.pipeline_stages.items()}
         out += [
@@ -192,8 +223,25 @@ class Conv1DRowwiseParallel(RowwiseParallel):
 '''
 
 
+#: the generated module's SequenceParallel that gathers its output once (module docstring)
+GATHERED_STYLE = '''
+
+class SequenceParallelGathered(SequenceParallel):
+    """SequenceParallel whose output is gathered once, Shard(1) -> Replicate(), for the
+    column-parallel modules reading it: one all-gather forward, one reduce-scatter backward."""
+
+    @staticmethod
+    def _prepare_output_fn(
+        use_local_output: bool, mod: nn.Module, outputs: DTensor, device_mesh: DeviceMesh
+    ) -> DTensor:
+        return outputs.redistribute(device_mesh, (Replicate(),))
+'''
+
+
 def _tp_plan(export: DTensorExport) -> list[str]:
     out = CONV1D_STYLES.split("\n") if _conv1d(export) else []
+    if any(s.cls in _OWN_STYLES for s in export.tp_plan.values()):
+        out += GATHERED_STYLE.split("\n")
     out += ["", "def tp_plan() -> dict[str, Any]:"]
     out.append('    """Module FQN -> tensor-parallel style (fresh objects for each call)."""')
     out.append("    return {")
@@ -215,6 +263,15 @@ def _plan_entry(key: str, cls: str, args: list[str], width: int = 100) -> list[s
     return [f"        {key}: {cls}(", *[f"            {a}," for a in args], "        ),"]
 
 
+def _call(indent: int, name: str, args: str, width: int = 100) -> list[str]:
+    """A call statement as ruff format writes it: on one line, or its arguments on their own."""
+    pad = " " * indent
+    line = f"{pad}{name}({args})"
+    if len(line) <= width:
+        return [line]
+    return [f"{pad}{name}(", f"{pad}    {args}", f"{pad})"]
+
+
 def _body(export: DTensorExport) -> list[str]:
     build = ["    return init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_AXES)"]
     if export.mesh_ranks is not None:
@@ -230,9 +287,14 @@ def _body(export: DTensorExport) -> list[str]:
         "",
         "",
         "def parallelize(",
-        '    model: nn.Module, world_mesh: DeviceMesh | None = None, device_type: str = "cuda"',
+        "    model: nn.Module,",
+        "    world_mesh: DeviceMesh | None = None,",
+        '    device_type: str = "cuda",',
+        "    mixed_precision: bool = True,",
         ") -> nn.Module:",
-        '    """Apply the plan to `model`: tensor parallelism, checkpointing, data parallelism."""',
+        '    """Apply the plan to `model`: tensor parallelism, checkpointing, data parallelism',
+        "    (`mixed_precision`: gather and reduce in PARAM_DTYPE / REDUCE_DTYPE where the plan",
+        '    has them; False: in the model\'s own dtype)."""',
     ]
     if not (export.tp_axis or export.fsdp_axis or export.data_axes):
         out += ["    # the plan replicates every parameter on every mesh axis: nothing to apply"]
@@ -255,8 +317,17 @@ def _body(export: DTensorExport) -> list[str]:
             "        owner = model.get_submodule(parent) if parent else model",
             "        owner.register_module(child, checkpoint_wrapper(owner.get_submodule(child)))",
         ]
+    mp = []
+    if export.param_dtype is not None and (export.fsdp_axis or export.data_axes):
+        mp = [
+            "    mp = MixedPrecisionPolicy()",
+            "    if mixed_precision:",
+            "        mp = MixedPrecisionPolicy(param_dtype=PARAM_DTYPE, reduce_dtype=REDUCE_DTYPE)",
+        ]
+    policy = ", mp_policy=mp" if mp else ""
     if export.fsdp_axis is not None:
         dp = "(*DATA_AXES, FSDP_AXIS)" if export.data_axes else "FSDP_AXIS"
+        out += mp
         out += [
             f"    dp_mesh = mesh[{dp}]",
             '    named = {n.replace(WRAPPED, ""): p for n, p in model.named_parameters()}',
@@ -267,13 +338,17 @@ def _body(export: DTensorExport) -> list[str]:
             "        return Shard(dims[id(param)]) if id(param) in dims else None",
             "",
             "    for unit in FSDP_UNITS:",
-            "        fully_shard(model.get_submodule(unit), mesh=dp_mesh,"
-            " shard_placement_fn=placement)",
-            "    fully_shard(model, mesh=dp_mesh, shard_placement_fn=placement)",
-        ]
+            *_call(8, "fully_shard", "model.get_submodule(unit), mesh=dp_mesh, "
+                   f"shard_placement_fn=placement{policy}"),
+            "    if FSDP_TAIL:",
+            "        tail = [model.get_submodule(m) for m in FSDP_TAIL]",
+            *_call(8, "fully_shard", f"tail, mesh=dp_mesh, shard_placement_fn=placement{policy}"),
+            *_call(4, "fully_shard", f"model, mesh=dp_mesh, shard_placement_fn=placement{policy}"),
+        ]  # fmt: skip
     elif export.data_axes:
         dp = "DATA_AXES[0]" if len(export.data_axes) == 1 else "DATA_AXES"
-        out.append(f"    replicate(model, mesh=mesh[{dp}])")
+        out += mp
+        out.append(f"    replicate(model, mesh=mesh[{dp}]{policy})")
     out += ["    return model", ""]
     return out
 

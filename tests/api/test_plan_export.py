@@ -36,8 +36,8 @@ def test_exports_of_a_built_plan(
     assert '"embed": RowwiseParallel(input_layouts=Replicate())' in module
     assert '"layers.1.attn.q_proj": ColwiseParallel()' in module
     assert '"layers.0.mlp.down_proj": RowwiseParallel()' in module
-    assert '"lm_head": ColwiseParallel(output_layouts=Replicate())' in module
-    assert "replicate(model, mesh=mesh[DATA_AXES[0]])" in module
+    assert '"lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)' in module
+    assert "replicate(model, mesh=mesh[DATA_AXES[0]], mp_policy=mp)" in module
 
     args, disposition, notes = _export(client, plan_id, "torchtitan")
     assert f'filename="plan{plan_id}_torchtitan.args"' in disposition

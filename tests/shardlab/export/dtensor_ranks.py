@@ -51,8 +51,8 @@ def _rope(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     s, d = x.shape[1], x.shape[-1]
     freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     angles = torch.outer(torch.arange(s, dtype=torch.float32), freqs)
-    cos = torch.cat([angles.cos(), angles.cos()], -1)[None, :, None, :]
-    sin = torch.cat([angles.sin(), angles.sin()], -1)[None, :, None, :]
+    cos = torch.cat([angles.cos(), angles.cos()], -1)[None, :, None, :].to(x.dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1)[None, :, None, :].to(x.dtype)
     a, b = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-b, a], -1) * sin
 
@@ -187,17 +187,32 @@ MODELS = {
 
 
 def step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, opt: str, lr: float,
-         kind: str = "tiny") -> float:  # fmt: skip
-    """One training step: mean cross-entropy, backward, the plan's optimizer."""
+         kind: str = "tiny", vocab_parallel: bool = False,
+         phase: Callable[[str], None] | None = None) -> float:  # fmt: skip
+    """One training step: mean cross-entropy, backward, the plan's optimizer.
+    `vocab_parallel`: the logits are a vocab-sharded DTensor (the export's LOSS_PARALLEL),
+    the loss and its backward run inside torch's `loss_parallel()`. `phase` hears "forward",
+    "loss", "backward" and "optimizer" as each begins (the collective counts)."""
+    from contextlib import nullcontext
+
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    mark = phase or (lambda name: None)
     params = list(model.parameters())
     optimizer = (
         torch.optim.AdamW(params, lr=lr) if opt == "adamw" else torch.optim.SGD(params, lr=lr)
     )
+    mark("forward")
     logits = MODELS[kind].logits(model, tokens)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-    loss.backward()
+    with loss_parallel() if vocab_parallel else nullcontext():
+        mark("loss")
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        mark("backward")
+        loss.backward()
+    mark("optimizer")
     optimizer.step()
-    return float(loss.detach())
+    value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+    return float(value.detach())
 
 
 def reference(cfg: Any, opt: str, lr: float, kind: str = "tiny") -> tuple[float, dict[str, Any]]:
@@ -230,7 +245,8 @@ def rank_job(proc: int, common: dict[str, Any], mine: Any) -> dict[str, Any]:
     module = types.ModuleType("shardlab_export_under_test")
     exec(compile(common["source"], "<export>", "exec"), module.__dict__)
     mesh = module.build_mesh("cpu")
-    model = module.parallelize(work.build(cfg), mesh)
+    # the numerics are compared with one float32 process: no bf16 mixed precision here
+    model = module.parallelize(work.build(cfg), mesh, "cpu", mixed_precision=False)
     placements: dict[str, dict[str, str]] = {}
     for name, p in model.named_parameters():
         name = name.replace(WRAPPED, "")
@@ -247,7 +263,9 @@ def rank_job(proc: int, common: dict[str, Any], mine: Any) -> dict[str, Any]:
         size = mesh[axis].size()
         index, count = index * size + mesh[axis].get_local_rank(), count * size
     rows = slice(index * rows_total // count, (index + 1) * rows_total // count)
-    loss = step(model, tokens[rows], labels[rows], common["optimizer"], common["lr"], kind)
+    vocab_parallel = getattr(module, "LOSS_PARALLEL", False)
+    loss = step(model, tokens[rows], labels[rows], common["optimizer"], common["lr"], kind,
+                vocab_parallel)  # fmt: skip
     full = {}
     for name, p in model.named_parameters():
         value = p.full_tensor() if isinstance(p, DTensor) else p
@@ -308,3 +326,103 @@ def round_trip(plan: Any, kind: str, cfg: Any, optimizer: str, lr: float) -> Non
     moved = {n: float(np.abs(params[n] - initial[n]).max()) for n in params}
     still = {n: m for n, m in moved.items() if m <= 10 * atol}
     assert not still, f"the step moved these parameters within 10 x the tolerance: {still}"
+
+
+#: torch's collective ops (`torch.ops` namespace::name) -> the plan's kind
+COLLECTIVE_OPS = {
+    "_c10d_functional::all_gather_into_tensor": "all_gather",
+    "_c10d_functional::reduce_scatter_tensor": "reduce_scatter",
+    "_c10d_functional::all_reduce": "all_reduce",
+    "_c10d_functional::all_to_all_single": "all_to_all",
+    "c10d::_allgather_base_": "all_gather",
+    "c10d::allgather_": "all_gather",
+    "c10d::_reduce_scatter_base_": "reduce_scatter",
+    "c10d::reduce_scatter_": "reduce_scatter",
+    "c10d::allreduce_": "all_reduce",
+    "c10d::alltoall_base_": "all_to_all",
+}
+
+
+def _counting_mode(axes_of: dict[str, str], calls: list[dict[str, Any]], phase: list[str]) -> Any:
+    """A dispatch mode that records every collective torch issues: DTensor's (functional
+    collectives, `_c10d_functional`) and FSDP2's and DDP's (c10d, `c10d::*`). It lets
+    DTensor dispatch first (NotImplemented for DTensor arguments), so the collectives
+    DTensor issues inside an op (a redistribution for the optimizer's add) reach it too."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def tensors(x: Any) -> list[torch.Tensor]:
+        if isinstance(x, torch.Tensor):
+            return [x]
+        if isinstance(x, (list, tuple)):
+            return [t for y in x for t in tensors(y)]
+        return []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:  # fmt: skip
+            if any(issubclass(t, DTensor) for t in types_):
+                return NotImplemented
+            name = f"{func.namespace}::{func._schema.name.split('::')[-1]}"
+            kind = COLLECTIVE_OPS.get(name)
+            if kind is not None:
+                group = next((a for a in reversed(args) if isinstance(a, str)), None)
+                if group is None:  # c10d: the process group object
+                    boxed = next(a for a in args if isinstance(a, torch.ScriptObject))
+                    group = torch.distributed.ProcessGroup.unbox(boxed).group_name
+                size = _resolve_process_group(group).size()
+                moved = sum(t.numel() * t.element_size() for t in tensors(args[:1]))
+                if name.startswith("c10d::") and kind != "all_reduce":
+                    # c10d's (output, input): the plan's block is the input for a
+                    # reduce-scatter, the gathered output for an all-gather
+                    inp = tensors(args[1:2])
+                    moved = sum(t.numel() * t.element_size() for t in inp) * (
+                        size if kind == "all_gather" else 1
+                    )
+                elif kind == "all_gather":
+                    moved *= size
+                calls.append({"kind": kind, "axis": axes_of.get(group, "?"), "size": size,
+                              "bytes": moved, "phase": phase[0]})  # fmt: skip
+            return func(*args, **(kwargs or {}))
+
+    return Count()
+
+
+def count_job(proc: int, common: dict[str, Any], mine: Any) -> list[dict[str, Any]]:
+    """Apply the generated module and record every collective of one training step (SGD):
+    kind, mesh axis, group size, the tensor bytes of the plan's block (an all-gather's
+    output, a reduce-scatter's or all-reduce's input) and the phase. `common`: source, cfg,
+    batch_axes, bf16 (run a model held in bfloat16, as the plan's; else float32 masters
+    with the module's mixed precision)."""
+    module = types.ModuleType("shardlab_export_under_test")
+    exec(compile(common["source"], "<export>", "exec"), module.__dict__)
+    mesh = module.build_mesh("cpu")
+    cfg = common["cfg"]
+    model = build(cfg)
+    if common["bf16"]:
+        model = model.to(torch.bfloat16)
+    model = module.parallelize(model, mesh, "cpu")
+    axes_of = {}
+    for axis in mesh.mesh_dim_names or ():
+        axes_of[mesh[axis].get_group().group_name] = axis
+    if len(common["batch_axes"]) > 1:
+        flat = mesh[tuple(common["batch_axes"])]
+        for axis in common["batch_axes"]:
+            axes_of.setdefault(flat[axis].get_group().group_name, axis)
+    tokens, labels = batch(cfg)
+    index, count = 0, 1
+    for axis in common["batch_axes"]:
+        size = mesh[axis].size()
+        index, count = index * size + mesh[axis].get_local_rank(), count * size
+    rows = slice(index * tokens.shape[0] // count, (index + 1) * tokens.shape[0] // count)
+    calls: list[dict[str, Any]] = []
+    phase = ["forward"]
+
+    def mark(name: str) -> None:
+        phase[0] = name
+
+    with _counting_mode(axes_of, calls, phase):
+        step(model, tokens[rows], labels[rows], "sgd", 0.1, "tiny",
+             getattr(module, "LOSS_PARALLEL", False), mark)  # fmt: skip
+    return calls

@@ -41,13 +41,20 @@ def test_megatron_tp_columns_rows_vocab_and_head() -> None:
         assert got[f"layers.1.{module}"] == "ColwiseParallel()"
     assert got["layers.0.attn.o_proj"] == got["layers.1.mlp.down_proj"] == "RowwiseParallel()"
     assert got["embed"] == "RowwiseParallel(input_layouts=Replicate())"
-    assert got["lm_head"] == "ColwiseParallel(output_layouts=Replicate())"
-    assert "layers.0.attn_norm" not in got and "final_norm" not in got  # replicated, no SP
+    # the plan's loss is vocab-parallel: vocab-sharded logits for torch's loss_parallel()
+    assert got["lm_head"] == "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)"
+    # q, k, v (gate, up) read one replicated input: the norm hands it on as one DTensor, so
+    # its gradient is all-reduced once in backward, as the plan prices it
+    gathered = "PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=" \
+        "Replicate(), use_local_output=False)"  # fmt: skip
+    assert got["layers.0.attn_norm"] == got["layers.1.mlp_norm"] == gathered
+    assert "final_norm" not in got  # one reader: lm_head converts its input itself
     export = derive_export(plan)
     assert export.roles == {"tp": TENSOR} and export.fsdp_axis is None
     text = render_dtensor(plan)
     ast.parse(text)
     assert "parallelize_module(model, mesh[TP_AXIS], tp_plan())" in text
+    assert "LOSS_PARALLEL = True" in text
     assert "fully_shard" not in text and "replicate(" not in text
     assert '"layers.0.attn.q_proj.weight": ("S(0)",),' in text  # [in, out] S(1) -> torch S(0)
     assert '"layers.0.attn.o_proj.weight": ("S(1)",),' in text
@@ -55,16 +62,20 @@ def test_megatron_tp_columns_rows_vocab_and_head() -> None:
 
 def test_sequence_parallel_norms_and_layouts() -> None:
     got = styles(tiny_plan("tp=2", ["megatron_tp", "sequence_parallel"]))
-    for norm in ("layers.0.attn_norm", "layers.1.mlp_norm", "final_norm"):
-        assert got[norm] == "SequenceParallel()"
-    assert got["layers.0.attn.q_proj"] == "ColwiseParallel(input_layouts=Shard(1))"
+    # a norm read by several column-parallel modules gathers its output once for them
+    for norm in ("layers.0.attn_norm", "layers.1.mlp_norm"):
+        assert got[norm] == "SequenceParallelGathered()"
+    assert got["final_norm"] == "SequenceParallel()"
+    assert got["layers.0.attn.q_proj"] == got["layers.1.mlp.up_proj"] == "ColwiseParallel()"
     # the sequence-sharded residual stream stays a DTensor (its global shape)
     local = "use_local_output=False"
     assert got["layers.1.mlp.down_proj"] == f"RowwiseParallel(output_layouts=Shard(1), {local})"
     assert got["embed"] == (
         f"RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), {local})"
     )
-    assert got["lm_head"] == ("ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())")
+    assert got["lm_head"] == (
+        "ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)"
+    )
 
 
 def test_fsdp_units_and_shard_dims_follow_the_plan() -> None:
@@ -79,8 +90,16 @@ def test_fsdp_units_and_shard_dims_follow_the_plan() -> None:
     assert len(export.fsdp_dims) == len(parameter_layouts(plan))
     text = render_dtensor(plan)
     ast.parse(text)
-    assert 'fully_shard(model.get_submodule(unit), mesh=dp_mesh, shard_placement_fn=placement)' \
+    assert export.fsdp_tail == ["final_norm", "lm_head"]  # gathered again for backward
+    # AdamW: float32 masters, gradients reduced in float32 (autodiff); SGD: all bfloat16
+    assert (export.param_dtype, export.reduce_dtype) == ("bfloat16", "float32")
+    sgd = build_plan(build_model("llama3-8b", TINY), Strategy.build("dp=2", ["fsdp"]),
+                     optimizer="sgd", passes=False)  # fmt: skip
+    assert derive_export(sgd).reduce_dtype == "bfloat16"
+    assert "model.get_submodule(unit), mesh=dp_mesh, shard_placement_fn=placement, mp_policy=mp" \
         in text  # fmt: skip
+    assert "mp = MixedPrecisionPolicy(param_dtype=PARAM_DTYPE, reduce_dtype=REDUCE_DTYPE)" in text
+    assert "PARAM_DTYPE = torch.bfloat16\nREDUCE_DTYPE = torch.float32" in text
     assert '"layers.1.mlp.down_proj.weight": 1,' in text
 
 
@@ -89,7 +108,7 @@ def test_dp_by_tp_replicates_on_the_data_axis() -> None:
     export = derive_export(plan)
     assert export.roles == {"dp": DATA, "tp": TENSOR} and export.data_axes == ["dp"]
     text = render_dtensor(plan)
-    assert "replicate(model, mesh=mesh[DATA_AXES[0]])" in text
+    assert "replicate(model, mesh=mesh[DATA_AXES[0]], mp_policy=mp)" in text
     assert 'MESH_SHAPE = (2, 2)\nMESH_AXES = ("dp", "tp")' in text
     assert '"layers.0.attn.q_proj.weight": ("R", "S(0)"),' in text
     # HSDP: a data axis beside an FSDP axis shards on both as one mesh
@@ -146,11 +165,11 @@ def hf_plan(mesh: str, templates: list[str]) -> Plan:
 def test_hf_llama_names_take_the_styles_of_their_placements() -> None:
     got = styles(hf_plan("tp=2", ["megatron_tp", "sequence_parallel"]))
     local = "use_local_output=False"
-    for norm in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm",
-                 "model.norm"):  # fmt: skip
-        assert got[norm] == "SequenceParallel()"
+    for norm in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm"):
+        assert got[norm] == "SequenceParallelGathered()"
+    assert got["model.norm"] == "SequenceParallel()"
     for proj in ("q_proj", "k_proj", "v_proj"):  # 2 kv heads: one per rank
-        assert got[f"model.layers.1.self_attn.{proj}"] == "ColwiseParallel(input_layouts=Shard(1))"
+        assert got[f"model.layers.1.self_attn.{proj}"] == "ColwiseParallel()"
     assert got["model.layers.0.self_attn.o_proj"] == (
         f"RowwiseParallel(output_layouts=Shard(1), {local})"
     )
@@ -159,7 +178,9 @@ def test_hf_llama_names_take_the_styles_of_their_placements() -> None:
     assert got["model.embed_tokens"] == (
         f"RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), {local})"
     )
-    assert got["lm_head"] == "ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())"
+    assert got["lm_head"] == (
+        "ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)"
+    )
     assert "model.rotary_emb" not in got and len(got) == 2 * 9 + 3
     plain = styles(hf_plan("tp=2", ["megatron_tp"]))
     assert plain["model.layers.0.mlp.down_proj"] == "RowwiseParallel()"
@@ -204,7 +225,7 @@ def test_gpt2_conv1d_styles_and_the_tied_lm_head() -> None:
     assert got["transformer.h.1.mlp.c_proj"] == "Conv1DRowwiseParallel()"
     assert got["transformer.wte"] == "RowwiseParallel(input_layouts=Replicate())"
     # the tied lm_head reads the vocab-sharded table as nn.Linear's [vocab, hidden]
-    assert got["lm_head"] == "ColwiseParallel(output_layouts=Replicate())"
+    assert got["lm_head"] == "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)"
     assert export.tied == {"lm_head.weight": "transformer.wte.weight"}
     assert "transformer.h.0.attn.c_attn" not in got
     text = render_dtensor(plan)

@@ -104,7 +104,7 @@ def test_cli_writes_each_format_and_names_bad_input(tmp_path: Path) -> None:
                                str(out)])  # fmt: skip
     assert done.exit_code == 0, done.output
     assert "note: zero1 on mesh axis 'dp' has no exact DTensor form" in done.output
-    assert "replicate(model, mesh=mesh[DATA_AXES[0]])" in out.read_text()
+    assert "replicate(model, mesh=mesh[DATA_AXES[0]], mp_policy=mp)" in out.read_text()
     compile(out.read_text(), str(out), "exec")
     shown = runner.invoke(app, ["export-plan", str(plan_file), "--format", "json"])
     assert shown.exit_code == 0, shown.output
