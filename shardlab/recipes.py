@@ -17,7 +17,8 @@ so tests and benchmarks can hold plans against it:
   dropout), with a fused (flash) kernel (no [b, a, s, s] tensor kept) and recomputation;
 - `model_state_bytes_per_param`: Megatron-LM's mixed-precision accounting (bf16 params,
   fp32 main gradients, fp32 master params and Adam moments: 18 bytes; the distributed
-  optimizer divides the 12 optimizer bytes over data parallelism).
+  optimizer divides the 12 optimizer bytes over data parallelism), and FSDP2's (all 18
+  divided).
 
 Sizes: s sequence, b micro-batch (per data-parallel rank), h hidden, a heads, g kv heads,
 f ffn, t tensor-parallel size; 16-bit activations (2 bytes), 1-byte dropout masks.
@@ -147,13 +148,24 @@ def _scores(layer: Layer) -> int:
     return (HALF + MASK + HALF) * as2b if layer.dropout else HALF * as2b
 
 
-def model_state_bytes_per_param(
-    dp: int = 1, distributed_optimizer: bool = False
-) -> dict[str, float]:
-    """Megatron-LM's mixed-precision model states per parameter: bf16 param (2), fp32 main
-    gradient (4), fp32 master param and two Adam moments (12); the distributed optimizer
-    shards the 12 over the `dp` data-parallel ranks (6 + 12/d)."""
-    state = 12 / dp if distributed_optimizer else 12.0
+#: the recipes `model_state_bytes_per_param` knows
+STATE_RECIPES = ("megatron", "distributed_optimizer", "fsdp2")
+
+
+def model_state_bytes_per_param(dp: int = 1, recipe: str | bool = "megatron") -> dict[str, float]:
+    """Model states per parameter, mixed precision with AdamW: a bf16 param (2), an fp32 main
+    gradient (4), an fp32 master param and two Adam moments (12). `megatron` (Megatron-LM):
+    18 bytes; `distributed_optimizer` (Megatron-LM's, `--use-distributed-optimizer`): the 12
+    optimizer bytes over the `dp` data-parallel ranks, 6 + 12/d; `fsdp2` (torchtitan's FSDP2
+    with bf16 gathers): all of it sharded, (2 + 4 + 12)/d. (`True` / `False` stand for
+    the distributed optimizer or not, as earlier callers said it.)"""
+    if isinstance(recipe, bool):
+        recipe = "distributed_optimizer" if recipe else "megatron"
+    if recipe not in STATE_RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; recipes: {', '.join(STATE_RECIPES)}")
+    if recipe == "fsdp2":
+        return {"parameters": 2 / dp, "gradients": 4 / dp, "optimizer_state": 12 / dp}
+    state = 12 / dp if recipe == "distributed_optimizer" else 12.0
     return {"parameters": 2.0, "gradients": 4.0, "optimizer_state": state}
 
 

@@ -17,14 +17,26 @@
   activations take sbh(34/t + 5as/(ht)) bytes per layer); compose after `megatron_tp`.
   Both templates lay out the dropouts before the residual adds
   (`layers.*.{attn,mlp}.dropout.out`, models with dropout) as the residual stream.
-- `fsdp` (= `zero3`): shard every parameter on the axis along its first dim that divides
-  evenly; parameters are gathered right before each use, in the forward and again in the
-  backward (their annotations do not pin them), and their gradients are sharded the same
-  way, so each is reduce-scattered right after it is made (on a training graph).
-- `zero1`: shard the optimizer state (moments, float32 master weights) the same way: the
-  optimizer updates its shard and the new parameters are all-gathered (ZeRO stage 1).
+- `fsdp` (= `zero3`): shard every parameter 1/n on the axis, at any n: on a dim no other
+  mesh axis shards (the first that divides evenly, else the largest, cut in DTensor's
+  torch.chunk blocks as FSDP2 pads it), so that gathering it is one all-gather over the
+  axis, as FSDP2 issues (with tensor parallelism: of the TP shard, torchtitan's 2D);
+  parameters are gathered right before each use, in the forward and again in the backward
+  (their annotations do not pin them), and their gradients are sharded the same way, so
+  each is reduce-scattered right after it is made (on a training graph).
+- `zero1`: shard the optimizer state (moments, float32 master weights) the same way, on a
+  dim its parameter's other axes leave alone (the state keeps its parameter's tensor-
+  parallel shard: 12/(tp x dp) bytes per parameter): the optimizer updates its shard and
+  the new parameters are all-gathered (ZeRO stage 1; Megatron's distributed optimizer,
+  which shards one flat buffer instead: the same bytes per rank to within a block).
 - `zero2`: `zero1` plus the gradients the optimizer reads: they are reduce-scattered
   instead of all-reduced (ZeRO stage 2). On a training graph only.
+
+The data-sharding templates (`fsdp`, `zero1`, `zero2`, `zero3`) are data parallelism: they
+shard the batch of the inputs on their axis as `dp` does (so `--template dp:dpr --template
+fsdp:dps` is HSDP: every rank of the `dpr` x `dps` grid trains on its own samples, the
+parameters sharded within `dps`, replicated across `dpr`), and they apply after the other
+templates whatever the order they are written in.
 
 Templates match the module paths of Shardlab's presets (`layers.{i}.attn.q_proj.weight`)
 and of imported Hugging Face models (`shardlab.importers`), whose parameters keep their
@@ -41,7 +53,6 @@ Patterns that match nothing in a graph are reported, not errors.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -78,11 +89,27 @@ def _ann(
 
 
 def dp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
-    return [
-        _ann(v.name, axis, Shard(0), "dp")
-        for v in graph.values_of_kind(ValueKind.INPUT)
-        if v.type.rank >= 1
-    ]
+    """Shard the batch (dim 0) of every input on `axis`; a batch the axis does not divide is
+    refused naming it (every rank trains on as many samples; an uneven batch would gather
+    every activation the reshapes cannot carry unevenly)."""
+    size = mesh.axis_size(axis)
+    out = []
+    for v in graph.values_of_kind(ValueKind.INPUT):
+        if v.type.rank < 1:
+            continue
+        batch = v.type.shape[0]
+        if batch % size:
+            raise StrategyError(
+                f"template dp: input {v.name!r} has a batch of {batch}, which does not divide "
+                f"over the {size} ranks of mesh axis {axis!r}; use a batch that is a multiple "
+                f"of {size} (--set batch=N) or another data-parallel size",
+                template="dp",
+                axis=axis,
+                value=v.name,
+                batch=batch,
+            )
+        out.append(_ann(v.name, axis, Shard(0), "dp"))
+    return out
 
 
 RESIDUAL = ("embed", "pos_embed.add", "layers.*.attn_residual", "layers.*.mlp_residual",
@@ -216,24 +243,36 @@ def sequence_parallel(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list
     return out
 
 
-def _shard_first_divisible(
+def _data_parallel_dim(shape: tuple[int, ...], taken: set[int], size: int) -> int | None:
+    """The dim a data-parallel template shards a value of `shape` on, over an axis of `size`
+    ranks: never a dim another mesh axis shards (`taken`: a dim shared by two axes nests
+    their blocks, and gathering one axis then costs an all-to-all where FSDP2 and Megatron
+    gather once); among the others the first that divides evenly, else the largest (cut
+    as DTensor cuts it: torch.chunk blocks, the last ones short or empty). None for a
+    value with no such dim (a scalar)."""
+    free = [d for d, extent in enumerate(shape) if d not in taken and extent > 0]
+    if not free:
+        return None
+    even = [d for d in free if shape[d] % size == 0]
+    return even[0] if even else max(free, key=lambda d: shape[d])
+
+
+def _shard_for_data_parallel(
     graph: Graph, mesh: Mesh, axis: str, prior: Prior, names: list[str], template: str,
-    *, pin: bool = True,
+    *, pin: bool = True, follows: Mapping[str, str] | None = None,
 ) -> list[Annotation]:  # fmt: skip
-    """Shard each value on `axis` along its first dim that still divides evenly (after the
-    other axes that already shard that dim)."""
+    """Shard each value 1/size on `axis` at any size (`_data_parallel_dim`). The dims other
+    mesh axes shard are the value's own priors, or those of the parameter it `follows` (an
+    optimizer state or gradient is laid out as its parameter)."""
     out = []
     size = mesh.axis_size(axis)
     for name in names:
-        for dim, extent in enumerate(graph.type_of(name).shape):
-            already = math.prod(
-                mesh.axis_size(a)
-                for a in mesh.axis_names
-                if a != axis and prior.get((name, a)) == Shard(dim)
-            )
-            if extent % (already * size) == 0:
-                out.append(_ann(name, axis, Shard(dim), template, pin=pin))
-                break
+        owner = (follows or {}).get(name, name)
+        taken = {p.dim for a in mesh.axis_names if a != axis
+                 for v in (name, owner) if isinstance(p := prior.get((v, a)), Shard)}  # fmt: skip
+        dim = _data_parallel_dim(graph.type_of(name).shape, taken, size)
+        if dim is not None:
+            out.append(_ann(name, axis, Shard(dim), template, pin=pin))
     return out
 
 
@@ -246,14 +285,27 @@ def _optimizer_grads(graph: Graph) -> list[str]:
     return [op.inputs[1] for op in graph.ops if op.role == OpRole.OPTIMIZER]
 
 
+def parameter_of(graph: Graph) -> dict[str, str]:
+    """The parameter each optimizer op's gradient and state belong to (its first input)."""
+    out: dict[str, str] = {}
+    for op in graph.ops:
+        if op.role == OpRole.OPTIMIZER:
+            for v in op.inputs[1:]:
+                if graph.type_of(v).shape == graph.type_of(op.inputs[0]).shape:
+                    out[v] = op.inputs[0]
+    return out
+
+
 def _fully_sharded(
     graph: Graph, mesh: Mesh, axis: str, prior: Prior, name: str
 ) -> list[Annotation]:
     """Parameters sharded but gathered before use (not pinned), gradients reduce-scattered
     right after they are made; the optimizer state follows its parameter."""
     params = _sources(graph, ValueKind.PARAM)
-    out = _shard_first_divisible(graph, mesh, axis, prior, params, name, pin=False)
-    return out + _shard_first_divisible(graph, mesh, axis, prior, _optimizer_grads(graph), name)
+    out = _shard_for_data_parallel(graph, mesh, axis, prior, params, name, pin=False)
+    grads, owners = _optimizer_grads(graph), parameter_of(graph)
+    out += _shard_for_data_parallel(graph, mesh, axis, prior, grads, name, follows=owners)
+    return dp(graph, mesh, axis, prior) + out
 
 
 def fsdp(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
@@ -265,13 +317,16 @@ def zero3(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]
 
 
 def zero1(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
-    states = _sources(graph, ValueKind.STATE)
-    return _shard_first_divisible(graph, mesh, axis, prior, states, "zero1")
+    states, owners = _sources(graph, ValueKind.STATE), parameter_of(graph)
+    out = _shard_for_data_parallel(graph, mesh, axis, prior, states, "zero1", follows=owners)
+    return dp(graph, mesh, axis, prior) + out
 
 
 def zero2(graph: Graph, mesh: Mesh, axis: str, prior: Prior) -> list[Annotation]:
-    out = zero1(graph, mesh, axis, prior)
-    return out + _shard_first_divisible(graph, mesh, axis, prior, _optimizer_grads(graph), "zero2")
+    out = zero1(graph, mesh, axis, prior)  # the batch too
+    grads, owners = _optimizer_grads(graph), parameter_of(graph)
+    return out + _shard_for_data_parallel(graph, mesh, axis, prior, grads, "zero2",
+                                          follows=owners)  # fmt: skip
 
 
 TEMPLATES: dict[str, Template] = {
@@ -288,6 +343,10 @@ TEMPLATES: dict[str, Template] = {
 }
 
 
+#: the mesh axis names templates default to, and the parallelism each names
+ROLE_AXES = {"dp": "data parallelism", "tp": "tensor parallelism", "pp": "pipeline parallelism"}
+
+
 def resolve_template(text: str, mesh: Mesh) -> TemplateUse:
     """`dp` or `dp:x` -> the template and the mesh axis it applies on."""
     name, _, axis = text.partition(":")
@@ -298,10 +357,19 @@ def resolve_template(text: str, mesh: Mesh) -> TemplateUse:
             f"unknown template {name!r}; known templates: {', '.join(TEMPLATES)}", template=name
         )
     if not axis:
+        only = mesh.axis_names[0] if mesh.ndim == 1 else None
         if template.default_axis in mesh.axis_names:
             axis = template.default_axis
-        elif mesh.ndim == 1:
-            axis = mesh.axis_names[0]
+        elif only is not None and only in ROLE_AXES:  # `megatron_tp` on `dp=8`: say so
+            raise StrategyError(
+                f"template {name!r} works on a {template.default_axis!r} axis, and the mesh's "
+                f"only axis {only!r} is {ROLE_AXES[only]}'s; add a {template.default_axis!r} "
+                f"axis to the mesh, or write {name}:{only} to put it on {only!r} all the same",
+                template=name,
+                axis=only,
+            )
+        elif only is not None:
+            axis = only
         else:
             raise StrategyError(
                 f"template {name!r} needs a mesh axis: the mesh has no axis "
@@ -319,15 +387,22 @@ def resolve_template(text: str, mesh: Mesh) -> TemplateUse:
     return TemplateUse(name, axis)
 
 
+#: templates that shard what data parallelism replicates: they apply after the others, so
+#: that they see which dims tensor and sequence parallelism shard (in any written order)
+DATA_SHARDING = ("fsdp", "zero1", "zero2", "zero3")
+
+
 def template_annotations(
     graph: Graph, mesh: Mesh, uses: tuple[TemplateUse, ...]
 ) -> list[Annotation]:
-    """The annotations every template writes, in order (each sees those before it)."""
+    """The annotations every template writes, in order (each sees those before it), the
+    data-sharding templates (`DATA_SHARDING`) last."""
     names = graph.values.keys()
     repeats = repeats_of(graph)
     prior: dict[tuple[str, str], Placement] = {}
     out: list[Annotation] = []
-    for use in uses:
+    ordered = sorted(uses, key=lambda use: use.name in DATA_SHARDING)  # stable
+    for use in ordered:
         written = TEMPLATES[use.name].fn(graph, mesh, use.axis, prior)
         for ann in written:
             for name in repeats.match(ann.pattern, names):

@@ -4,7 +4,13 @@
 owner, category and last use, then walks it once more in order: linear in program size.
 
 - Sources (params, optimizer state incl. master weights, batch inputs, constants) are live
-  the whole step.
+  the whole step, and so is each parameter's gradient in its completed placement
+  (`program.values`): Megatron allocates its float32 main-gradient buffer once and keeps it
+  (4 bytes a parameter: 2 + 4 + 12 = 18 with AdamW, 2 + 4 + 12/d with the distributed
+  optimizer), and FSDP2 keeps each sharded gradient. A reduction of such a buffer
+  (all-reduce, reduce-scatter) writes into it, as DDP's and Megatron's do; the versions a
+  gradient has before its completed one (unsharded, before FSDP's reduce-scatter) are
+  temporaries.
 - Every other value is allocated when its op runs and freed after its last reader in program
   order; a value nobody reads is freed right after its op. Graph outputs (the loss, new
   params and state) stay live to the end of the step.
@@ -23,8 +29,8 @@ that made it, Megatron's all-reduced residual stream) takes the value's category
 A resharded version of a kept activation read by the backward is a comm buffer, but is
 counted in `kept_for_backward` like any tensor the backward needs from the forward.
 
-Every rank holds equal blocks (placements must divide dims evenly), so one rank's profile
-describes them all; `rank` is there for programs whose ranks differ (pipeline stages). The
+One rank's profile describes them all (a rank holds the largest block of an uneven shard,
+`placement.local_shape`); `rank` is there for programs whose ranks differ (pipeline stages). The
 program may be one pipeline stage's part of a larger one: only the sources it reads count,
 and a value it reads that none of its ops makes (sent by another stage) is a buffer from
 its first reader on.
@@ -144,12 +150,13 @@ def memory_profile(program: DistProgram, training: Graph, rank: int | None = Non
     scan = _Scan(program, training)
     ops = program.ops
     frees: list[list[Buffer]] = [[] for _ in ops]
+    kept = scan.pinned | scan.persistent
     for buf in scan.buffers.values():
-        if buf.value in scan.born and buf.value not in scan.pinned:
+        if buf.value in scan.born and buf.value not in kept:
             frees[scan.last[buf.value]].append(buf)
     live = dict.fromkeys(CATEGORIES, 0)
     for buf in scan.buffers.values():
-        if buf.value not in scan.born:
+        if buf.value not in scan.born or buf.value in scan.persistent:
             live[buf.category] += buf.bytes
     static = total = sum(live.values())
     peak, peak_at, breakdown, top = static, 0, dict(live), dict(live)
@@ -157,7 +164,7 @@ def memory_profile(program: DistProgram, training: Graph, rank: int | None = Non
     for i, op in enumerate(ops):
         for out in op.outputs:
             new = scan.buffers.get(out)
-            if new is not None:
+            if new is not None and out not in scan.persistent:
                 live[new.category] += new.bytes
                 total += new.bytes
         timeline.append((op.name, total))
@@ -201,6 +208,10 @@ class _Scan:
         read_late: set[str] = set()
         comm_made: set[str] = set()
         read = {v for op in program.ops for v in op.inputs}
+        self.grads = {f"{v.name}.grad" for v in training.values_of_kind(ValueKind.PARAM)}
+        #: the gradients' buffers kept all step (module docstring): a reduction of one
+        #: (all-reduce, reduce-scatter) writes into it, as Megatron's and DDP's do
+        self.persistent = {x for g in self.grads if (x := program.values.get(g)) is not None}
         for name in training.values:
             if training.producer(name) is None and name in read:
                 self.serial[name] = self.owner[name] = name
@@ -218,6 +229,8 @@ class _Scan:
             for j, out in enumerate(op.outputs):
                 self.serial[out] = _serial_of(op, j, serial_ops)
                 src = inplace[j] if isinstance(inplace, list) and j < len(inplace) else None
+                if src is None and _reduces_in_place(op, self.owner, self.persistent):
+                    src = 0
                 self.owner[out] = self.owner[op.inputs[src]] if isinstance(src, int) else out
                 if self.owner[out] == out:
                     self.born[out] = i
@@ -228,7 +241,6 @@ class _Scan:
                     comm_made.add(out)
         outputs = (program.values.get(o, o) for o in training.outputs)
         self.pinned = {self.owner[o] for o in outputs if o in self.owner}
-        self.grads = {f"{v.name}.grad" for v in training.values_of_kind(ValueKind.PARAM)}
         self.kept = {
             v
             for v in made_fwd & read_late
@@ -260,6 +272,7 @@ class _Scan:
             b
             for b in self.buffers.values()
             if b.value not in self.born
+            or b.value in self.persistent
             or (
                 self.born[b.value] <= index
                 and (b.value in self.pinned or self.last[b.value] >= index)
@@ -299,6 +312,17 @@ class _Scan:
         if kind == ValueKind.GRAD and s in self.grads:
             return "gradients"
         return "activations" if v in self.kept else "temporaries"
+
+
+#: the collectives that reduce a gradient into its own buffer
+_REDUCTIONS = frozenset({"all_reduce", "reduce_scatter"})
+
+
+def _reduces_in_place(op: DistOp, owner: dict[str, str], persistent: set[str]) -> bool:
+    """Whether `op` reduces a kept gradient buffer into itself (no buffer of its own)."""
+    if op.comm is None or op.comm.kind not in _REDUCTIONS or not op.inputs:
+        return False
+    return owner.get(op.inputs[0]) in persistent
 
 
 def _phases(ops: Sequence[DistOp]) -> list[int]:

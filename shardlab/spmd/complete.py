@@ -291,6 +291,8 @@ def _forward(
     said: dict[int, tuple[DistSpec, Decision]] = {}  # layers sharing a slot share a decision
     for name, slot in constraints.items():
         if graph.producer(name) is None and slot:
+            if len(slot) < w.mesh.ndim:  # its first consumer decides the axes it leaves free
+                continue
             if id(slot) not in said:
                 spec = constrained(replicated, slot)
                 text = f"annotated {annotation_text(slot)}"
@@ -349,16 +351,30 @@ def _complete_op(w: _Walk, op: Op) -> None:
         if have is not None and have != need:
             w.add_copy(v, need.placements)
         if have is None:
-            stored = DistSpec(
-                mesh, tuple(Replicate() if isinstance(p, Partial) else p for p in need.placements)
-            )
-            detail = f"free; takes what its first consumer {op.name!r} ({op.kind}) needs"
-            if stored != need:  # a value is never stored as partial sums
-                detail += f" ({need}), replicated where it would be partial"
-            w.place(v, stored, [Decision(str(stored), "consumer", detail, op.name)])
+            _place_by_consumer(w, op, v, need)
     w.arriving[op.name] = tuple(w.specs[v] for v in op.inputs)
     for j, v in enumerate(op.outputs):
         _place_output(w, op, j, v, rule, inplace)
+
+
+def _place_by_consumer(w: _Walk, op: Op, v: str, need: DistSpec) -> None:
+    """Place a source value no annotation fixes on every axis: as its first consumer `op`
+    needs it (replicated where that would be partial), on the axes its annotation names
+    as annotated (the rule had them as hints; a copy in `need` where it differs)."""
+    stored = DistSpec(
+        w.mesh, tuple(Replicate() if isinstance(p, Partial) else p for p in need.placements)
+    )
+    detail = f"free; takes what its first consumer {op.name!r} ({op.kind}) needs"
+    slot = w.constraint(v) if w.graph.producer(v) is None else None
+    if slot:
+        stored = constrained(stored, slot)
+        detail = (f"annotated {annotation_text(slot)}; on its other mesh axes what its first "
+                  f"consumer {op.name!r} ({op.kind}) needs")  # fmt: skip
+        if stored.placements != need.placements:
+            w.add_copy(v, need.placements)
+    elif stored != need:  # a value is never stored as partial sums
+        detail += f" ({need}), replicated where it would be partial"
+    w.place(v, stored, [Decision(str(stored), "consumer", detail, op.name)])
 
 
 def _forget_forward_copies(

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 from shardlab.annotation import Annotation, match_values
 from shardlab.errors import PlacementError
-from shardlab.ir import Graph
+from shardlab.ir import Graph, ValueKind
 from shardlab.placement import DistSpec, Placement, Replicate, check_placements, local_shape
 from shardlab.repeats import Repeats, is_glob, layer_blind, repeats_of, translate
 from shardlab.strategy import Strategy, StrategyError
-from shardlab.templates import template_annotations
+from shardlab.templates import parameter_of, template_annotations
 
 #: per mesh axis index, the placement asked for and the annotation asking
 Slot = dict[int, tuple[Placement, Annotation]]
@@ -63,10 +63,27 @@ def resolve_annotations(graph: Graph, strategy: Strategy) -> Constraints:
             slot = slots.setdefault(name, {})
             for axis, placement in ann.placements:
                 slot[mesh.axis_index(axis)] = (placement, ann)
+    _states_follow_parameters(graph, slots)
     _check(graph, strategy, slots)
     if blind:
         _share(repeats, slots)
     return Constraints(slots, unmatched, blind)
+
+
+def _states_follow_parameters(graph: Graph, slots: dict[str, Slot]) -> None:
+    """An optimizer state annotated on some mesh axes (ZeRO's data-parallel shard) takes
+    its parameter's pinned placements on the others: Megatron's distributed optimizer with
+    tensor parallelism keeps each state on its parameter's tensor-parallel shard. Left free,
+    an annotated value is replicated on the axes it does not name, which held every state
+    whole on every tensor-parallel rank and gathered each update back to that."""
+    owners = parameter_of(graph)
+    for name, slot in slots.items():
+        owner = owners.get(name)
+        if owner is None or graph.values[name].kind != ValueKind.STATE or owner not in slots:
+            continue
+        for k, (placement, ann) in slots[owner].items():
+            if k not in slot and ann.pin:
+                slot[k] = (placement, ann)
 
 
 def _blind(ann: Annotation, repeats: Repeats) -> bool:

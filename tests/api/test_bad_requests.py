@@ -108,7 +108,7 @@ RESOURCES: dict[str, tuple[str, dict[str, Any]]] = {
         "/api/strategies",
         {"name": "uneven-state", "mesh": "tp=16", "annotations": ["w1.exp_avg=tp:S(1)"]},
     ),
-    # the dp template shards x [16, 16] along dim 0: 32 ranks leave some empty
+    # the dp template shards the batch of x [16, 16]: 16 does not divide over 32 ranks
     "uneven_template": (
         "/api/strategies",
         {"name": "uneven-template", "mesh": "dp=32", "templates": ["dp"]},
@@ -272,12 +272,15 @@ CASES = [
          "cannot shard dim 1 of 'w1.exp_avg' (size 8) over mesh axes tp (16)",
          {"model_id": Ref("model"), "strategy_id": Ref("uneven_state")},
          detail={"dim": 1, "size": 8, "axes": ["tp"]}),
-    Case("plan-template-not-divisible", "POST", "/api/plans", 422, "invalid_placement",
-         "cannot shard dim 0 of 'x' (size 16) over mesh axes dp (32): 32 shards of 16 elements "
-         "would leave 16 rank(s) with an empty block (asked by annotation 'x=dp:S(0)' from "
-         "template dp)",
+    Case("plan-template-batch-not-divisible", "POST", "/api/plans", 422, "invalid_strategy",
+         "template dp: input 'x' has a batch of 16, which does not divide over the 32 ranks of "
+         "mesh axis 'dp'",
          {"model_id": Ref("model"), "strategy_id": Ref("uneven_template")},
-         detail={"dim": 0, "size": 16, "axes": ["dp"]}),
+         detail={"value": "x", "batch": 16, "axis": "dp"}),
+    Case("strategy-megatron-without-a-tp-axis", "POST", "/api/strategies", 422,
+         "invalid_strategy", "the mesh's only axis 'dp' is data parallelism's",
+         {"name": "m", "mesh": "dp=8", "templates": ["megatron_tp"]},
+         detail={"template": "megatron_tp", "axis": "dp"}),
     Case("plan-annotation-matches-no-value", "POST", "/api/plans", 422, "invalid_strategy",
          "'layers.*.weight=dp:S(0)' matches no value",
          {"model_id": Ref("model"), "strategy_id": Ref("ghost")}),

@@ -111,12 +111,12 @@ def test_cli_check_exits_0_on_pass_1_on_fail_2_on_error(tmp_path: Path) -> None:
     assert ET.fromstring(report.read_text()).get("failures") == "1"
     oom = runner.invoke(app, ["check", "llama3-8b", "--cluster", "h100-sxm-1x8", "--local", *DP])
     assert oom.exit_code == 1 and "| must_fit |" in oom.output
-    # a batch of 2 over dp=3 leaves a rank empty (uneven batches split, issue 21)
+    # a batch of 2 over dp=3: the dp template names the batch that does not divide
     odd = [*check, "--set", "batch=2", "--mesh", "dp=3", "--template", "dp"]
     for bad, says in (([*check, *DP, "--max-step-time-s", "-1"], "max_step_time_s must be"),
                       ([*check, *DP, "--max-regression-pct", "5"], "needs --baseline"),
                       (["check", *SMALL, *DP], "say where to build the plan"),
-                      (odd, "empty block")):  # fmt: skip
+                      (odd, "has a batch of 2, which does not divide")):  # fmt: skip
         result = runner.invoke(app, bad)
         assert result.exit_code == 2, (bad, result.output)
         assert says in result.output

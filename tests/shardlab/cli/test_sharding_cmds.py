@@ -46,12 +46,12 @@ def test_explain_names_the_template() -> None:
 def test_errors_exit_1_with_the_culprit() -> None:
     result = runner.invoke(app, ["complete", "mlp_demo", "--mesh", "x=2", "--annotate", "w9=S(0)"])
     assert result.exit_code == 1 and "matches no value" in result.output
-    # 16 rows on 3 ranks split 6/5/5 (uneven, as DTensor); on 32 ranks some would be empty
+    # the dp template trains every rank on as many samples: 16 over 3 ranks is refused,
+    # naming the input and its batch (an annotation may still split it unevenly)
     result = runner.invoke(app, ["complete", "mlp_demo", "--mesh", "x=3", "--template", "dp"])
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["complete", "mlp_demo", "--mesh", "x=32", "--template", "dp"])
     assert result.exit_code == 1
-    assert "cannot shard dim 0 of 'x' (size 16) over mesh axes x (32)" in result.output
-    assert "empty block" in result.output
+    assert "input 'x' has a batch of 16, which does not divide over the 3 ranks" in result.output
+    result = runner.invoke(app, ["complete", "mlp_demo", "--mesh", "x=3", "--annotate", "x=S(0)"])
+    assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["explain", "mlp_demo", "--mesh", "x=2", "--value", "nope"])
     assert result.exit_code == 1 and "no value 'nope'" in result.output

@@ -91,7 +91,8 @@ def test_fsdp_shards_every_parameter_and_composes_with_tp() -> None:
     done = complete(graph, Strategy.build("dp=2,tp=2", ["dp", "fsdp", "megatron_tp"]))
     spec = {name: str(s) for name, s in done.specs.items()}
     assert spec["layers.0.attn.q_proj.weight"] == "S(0)S(1)"
-    assert spec["layers.0.attn.o_proj.weight"] == "S(0)S(0)"
+    # row-parallel o_proj is S(0) on tp: dp takes dim 1, so gathering dp is one all-gather
+    assert spec["layers.0.attn.o_proj.weight"] == "S(1)S(0)"
     assert spec["layers.0.attn_norm.weight"] == "S(0)R"
     # the batch stays sharded: consumers gather the parameter, not the activations
     assert spec["layers.0.attn.q_proj"] == "S(0)S(2)"
