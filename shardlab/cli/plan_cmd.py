@@ -129,6 +129,7 @@ def plan_cmd(
 
         options = {"passes": pass_settings(pass_ or [], no_pass or [], bucket_mb)}
         strategy = dataclasses.replace(strategy, options={**strategy.options, **options})
+        refuse_pipeline_flags(strategy, microbatches, virtual_stages)
         if "pp" in strategy.mesh.axis_names and not detailed_pipeline:
             strategy = pipelined(strategy, schedule, microbatches, virtual_stages, balance)
         elif "pp" in strategy.mesh.axis_names:
@@ -211,6 +212,26 @@ def compare_cmd(
                        f"{b.cost.step_time * 1e3:.1f} ms is {change:+.1%} against A's "
                        f"{a.cost.step_time * 1e3:.1f} ms", err=True)  # fmt: skip
             raise typer.Exit(1)
+
+
+def refuse_pipeline_flags(
+    strategy: Strategy, microbatches: int | None, virtual_stages: int | None
+) -> None:
+    """A ShardlabError naming `--microbatches` / `--virtual-stages` given for a mesh without a
+    `pp` axis (they were ignored): say how to accumulate gradients on such a mesh."""
+    if "pp" in strategy.mesh.axis_names:
+        return
+    if microbatches:
+        raise ShardlabError(
+            f"--microbatches {microbatches} needs a 'pp' mesh axis, and mesh {strategy.mesh} "
+            f"has none; to accumulate the gradients of {microbatches} micro-batches on it, "
+            f"write --mesh pp=1,{strategy.mesh}"
+        )
+    if virtual_stages:
+        raise ShardlabError(
+            f"--virtual-stages {virtual_stages} needs a 'pp' mesh axis, and mesh "
+            f"{strategy.mesh} has none"
+        )
 
 
 def pipelined(

@@ -55,3 +55,17 @@ def test_errors_exit_1_with_the_culprit() -> None:
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["explain", "mlp_demo", "--mesh", "x=2", "--value", "nope"])
     assert result.exit_code == 1 and "no value 'nope'" in result.output
+
+
+def test_pipeline_flags_on_a_mesh_without_pp_are_refused_not_ignored() -> None:
+    """`--microbatches 2` on a flat mesh was silently ignored (issue 34): it is refused,
+    saying how to accumulate gradients on that mesh; so is `--virtual-stages`."""
+    small = ["llama3-8b", "--set", "layers=2", "--mesh", "dp=8", "--template", "dp"]
+    for command in (["plan", *small], ["check", *small, "--local", "--cluster", "h100-sxm-1x8"]):
+        result = runner.invoke(app, [*command, "--microbatches", "2"])
+        assert result.exit_code != 0, result.output
+        assert "--microbatches 2 needs a 'pp' mesh axis, and mesh dp=8 has none" in result.output
+        assert "write --mesh pp=1,dp=8" in result.output
+        result = runner.invoke(app, [*command, "--virtual-stages", "2"])
+        assert result.exit_code != 0
+        assert "--virtual-stages 2 needs a 'pp' mesh axis" in result.output
