@@ -16,10 +16,10 @@ makes with `runtime.distribute`), the mesh axes over which the block is a partia
   Just this rank when nothing is partial.
 
 Uneven shards are drawn as they are held: a dim that does not divide its mesh axes gives
-blocks of different sizes (`numpy.array_split`, the left axis the outer cut), each rank's
-`local_shape` and `ranges` its own; `blocks_json`'s top-level `local_shape` is the largest
-block and `even` says whether all are equal. A shard that would leave a rank empty raises
-the engine's `PlacementError` (`placement.check_placements`).
+blocks of different sizes (DTensor's layout, `torch.chunk`: ceil-sized blocks, the tail ones
+short or empty; the left axis the outer cut), each rank's `local_shape` and `ranges` its
+own (an empty block's range is `[stop, stop)`); `blocks_json`'s top-level `local_shape` is
+the largest block and `even` says whether all are equal.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def group_along(mesh: Mesh, coord: Sequence[int], axes: Sequence[int]) -> tuple[
 def rank_blocks(shape: Sequence[int], spec: DistSpec) -> list[RankBlock]:
     """Every rank's block of a value of global `shape` under `spec`, in mesh position order."""
     mesh = spec.mesh
-    local_shape(shape, mesh, spec.placements)  # raises for a shard that leaves a rank empty
+    local_shape(shape, mesh, spec.placements)  # raises for placements that do not fit
     replicate = axes_of(spec, Replicate)
     partial_axes = axes_of(spec, Partial)
     partial = tuple(

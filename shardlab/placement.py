@@ -4,19 +4,24 @@ Text form: one token per mesh axis, `S(0)R`, `RS(1)`, `P(sum)S(0)`. Several mesh
 shard the same tensor dim; the left (lower-index) mesh axis is the outermost split. The per-dim
 form (`("dp", None, "tp")`, as in PyTorch/JAX partition specs) converts both ways.
 
-Uneven shards: a dim of size S that one mesh axis of n ranks shards is cut into n contiguous
-blocks as `numpy.array_split` cuts it (the first S % n blocks hold ceil(S/n) elements, the
-rest floor(S/n)). Several mesh axes sharding a dim split it in turn, the left axis first and
-each later axis splitting the block the earlier ones left (as DTensor nests its shards): with
-even splits that is the flattened block index, and every block still differs from the
-others by at most one element. A shard that would leave some rank's block empty (0 < S < the
-product of the axes' sizes) is refused. `local_shape` is the largest block (rank 0's, what
-memory and the cost model use); `local_shape_on` and `index_ranges` are a given rank's.
+Uneven shards follow PyTorch DTensor's layout (`Shard._split_tensor`, `torch.chunk`): a dim
+of size S that one mesh axis of n ranks shards is cut into n contiguous blocks of ceil(S/n)
+elements each, except the tail ones, which are short or empty (10 over 4: 3, 3, 3, 1; 6
+over 4: 2, 2, 2, 0; 4096 over 48: 47 blocks of 86 and one of 54). Several mesh axes sharding
+a dim cut it in turn, the left axis first and each later axis chunking the block the earlier
+ones left (as DTensor nests its shards; with even splits that is the flattened block index).
+So an exported plan's ranks hold exactly the rows Shardlab simulated and priced. Empty blocks
+are allowed where torch.chunk makes them (a bias of 8 sharded over 48 ranks);
+`empty_blocks` / `check_no_empty_blocks` name them for the few ops that cannot run on one.
+`local_shape` is the largest block (rank 0's, what memory and the cost model use);
+`local_shape_on` and `index_ranges` are a given rank's (an empty block's range is
+`[stop, stop)` of the block it was cut from).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -34,7 +39,8 @@ def _is_int(x: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """Split tensor dim `dim` across the ranks of one mesh axis (`numpy.array_split` blocks)."""
+    """Split tensor dim `dim` across the ranks of one mesh axis (DTensor's `torch.chunk`
+    blocks: ceil-sized, the tail ones short or empty)."""
 
     dim: int
 
@@ -319,40 +325,96 @@ def _check_shard_dims(
 
 
 def split_sizes(size: int, parts: int) -> tuple[int, ...]:
-    """Block sizes of a dim of `size` cut into `parts` as `numpy.array_split` cuts it."""
-    q, r = divmod(size, parts)
-    return tuple(q + 1 if c < r else q for c in range(parts))
+    """Block sizes of a dim of `size` cut into `parts` as DTensor cuts it (`torch.chunk`,
+    missing chunks padded empty): ceil(size/parts) each, the tail ones short or empty."""
+    chunk = -(-size // parts)
+    return tuple(max(0, min(chunk, size - c * chunk)) for c in range(parts))
 
 
 def _split_range(start: int, size: int, parts: int, c: int) -> tuple[int, int]:
-    """`[start, stop)` of block `c` of `parts` of the run `[start, start + size)`."""
-    q, r = divmod(size, parts)
-    first = start + c * q + min(c, r)
-    return first, first + q + (1 if c < r else 0)
+    """`[start, stop)` of block `c` of `parts` of the run `[start, start + size)`, cut as
+    `torch.chunk` cuts it (an empty tail block is `[start + size, start + size)`)."""
+    chunk = -(-size // parts)
+    return start + min(c * chunk, size), start + min((c + 1) * chunk, size)
 
 
 def check_placements(
     shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], what: str = "tensor"
 ) -> None:
     """Raise PlacementError unless `placements` fit a tensor of `shape` on `mesh`: counts and
-    dims in range, and no sharded dim leaves a rank's block empty (uneven blocks are fine)."""
+    dims in range. Uneven and empty blocks are fine (DTensor's layout, `split_sizes`)."""
     _check_count(placements, mesh)
     for d, size in enumerate(shape):
         if not _is_int(size) or size < 0:
             raise PlacementError(f"dim {d} of {what!r} has invalid size {size!r}", dim=d)
     _check_shard_dims(placements, mesh, len(shape), what)
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyBlocks:
+    """A sharded dim that leaves some ranks an empty block: the dim, its size, the mesh
+    axes sharding it (outermost first) and how many of their blocks are empty."""
+
+    dim: int
+    size: int
+    axes: tuple[str, ...]
+    sizes: tuple[int, ...]
+    empty: int
+
+
+def nested_split_sizes(size: int, counts: Sequence[int]) -> tuple[int, ...]:
+    """Every block's size, in flattened block order, when a dim of `size` is chunked by the
+    mesh axes of sizes `counts` in turn (the left axis first, as DTensor nests its shards)."""
+    blocks = [size]
+    for n in counts:
+        blocks = [b for parent in blocks for b in split_sizes(parent, n)]
+    return tuple(blocks)
+
+
+def empty_blocks(
+    shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement]
+) -> tuple[EmptyBlocks, ...]:
+    """The sharded dims of non-zero size whose layout leaves some ranks an empty block
+    (`torch.chunk` runs out of elements: 6 over 4, 3 over 4, 7 over (2, 3))."""
+    out = []
     for d, axes in sorted(_sharding(placements).items()):
-        parts = math.prod(mesh.shape[k] for k in axes)
-        if 0 < shape[d] < parts:
-            listed = ", ".join(f"{mesh.axis_names[k]} ({mesh.shape[k]})" for k in axes)
-            raise PlacementError(
-                f"cannot shard dim {d} of {what!r} (size {shape[d]}) over mesh axes {listed}: "
-                f"{parts} shards of {shape[d]} elements would leave "
-                f"{parts - shape[d]} rank(s) with an empty block",
-                dim=d,
-                size=shape[d],
-                axes=[mesh.axis_names[k] for k in axes],
-            )
+        size = shape[d]
+        sizes = nested_split_sizes(size, [mesh.shape[k] for k in axes])
+        empty = sum(1 for b in sizes if b == 0)
+        if size and empty:
+            names = tuple(mesh.axis_names[k] for k in axes)
+            out.append(EmptyBlocks(d, size, names, sizes, empty))
+    return tuple(out)
+
+
+def _runs(sizes: Sequence[int]) -> str:
+    """Block sizes in order, runs of one size written once with their count: `86 x47, 54`."""
+    parts = []
+    for size, run in itertools.groupby(sizes):
+        count = sum(1 for _ in run)
+        parts.append(f"{size} x{count}" if count > 1 else str(size))
+    return ", ".join(parts)
+
+
+def check_no_empty_blocks(
+    shape: Sequence[int],
+    mesh: Mesh,
+    placements: Sequence[Placement],
+    what: str,
+    why: str,
+) -> None:
+    """Raise PlacementError naming the value, dim, size and mesh axes when the layout leaves
+    some rank an empty block: for the few ops that cannot run on one (`why` says which)."""
+    for e in empty_blocks(shape, mesh, placements):
+        listed = ", ".join(f"{a} ({mesh.axis_size(a)})" for a in e.axes)
+        raise PlacementError(
+            f"cannot shard dim {e.dim} of {what!r} (size {e.size}) over mesh axes {listed}: "
+            f"DTensor's blocks ({_runs(e.sizes)}) leave {e.empty} rank(s) with an empty "
+            f"block, and {why}",
+            dim=e.dim,
+            size=e.size,
+            axes=list(e.axes),
+        )
 
 
 def is_even(shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement]) -> bool:

@@ -19,17 +19,17 @@ Legality of a move (checked on every edge, so nesting order is respected):
 - reducing a Partial on axis k requires every Partial on a later mesh axis to use the same op
   (reductions over several axes apply from the last mesh axis to the first);
 - S(d) -> P(sum|avg) is local: the rank zero-pads its shard (scaled by n for avg);
-- every intermediate tuple must leave every rank a non-empty block (`check_placements`);
-  uneven blocks are fine: a shard move on the innermost axis of a dim only ever splits or
-  rejoins the block the outer axes leave, so every state's blocks are its canonical ones
-  (`placement.index_ranges`).
+- uneven and empty blocks are fine (DTensor's layout, `torch.chunk`: ceil-sized blocks, the
+  tail ones short or empty; `placement.split_sizes`): a shard move on the innermost axis of
+  a dim only ever chunks or rejoins the block the outer axes leave, so every state's
+  blocks are its canonical ones (`placement.index_ranges`), and every pair of states plans.
 
 `transition_cost` is the same search's cost of a path without the steps: the sharding rules
 price their options with it.
 
 Bytes follow the ring formulas of `shardlab.spmd.cost`, with B the block a rank holds before
-the step (the largest block where a dim does not divide: collectives pad to it, as NCCL's
-all_gather_into_tensor / reduce_scatter_tensor need equal blocks): all_reduce 2(n-1)/n B,
+the step (the largest block, the first, where a dim does not divide: collectives pad to it,
+as NCCL's all_gather_into_tensor / reduce_scatter_tensor need equal blocks): all_reduce 2(n-1)/n B,
 all_gather (n-1)/n (nB), reduce_scatter (n-1)/n B, all_to_all (n-1)/n B, local steps 0.
 """
 
@@ -148,8 +148,8 @@ def _reason(kind: StepKind, axis: str, a: Placement, b: Placement) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def _block_numel(shape: tuple[int, ...], mesh: Mesh, state: State) -> int | None:
-    """Elements of the largest block a rank holds under `state`; None when `state` is
-    invalid (a rank's block would be empty)."""
+    """Elements of the largest block a rank holds under `state`; None when `state` does not
+    fit `shape` (`check_placements`; empty blocks fit)."""
     try:
         check_placements(shape, mesh, state)
     except PlacementError:
@@ -246,7 +246,7 @@ def _partial_ops(src: State, dst: State) -> tuple[str, ...]:
 
 
 def fits(shape: tuple[int, ...], mesh: Mesh, state: State) -> bool:
-    """True when `state` is valid for `shape`: no rank's block is empty."""
+    """True when `state` is valid for `shape` (`check_placements`; empty blocks fit)."""
     return _block_numel(shape, mesh, state) is not None
 
 

@@ -82,7 +82,7 @@ def attention(
 ) -> Array:
     """The attention computation; `query_offset` is the global index of q's first row
     (non-zero when the query sequence is sharded and k/v hold the whole sequence)."""
-    group = q.shape[2] // k.shape[2]
+    group = q.shape[2] // k.shape[2] if k.shape[2] else 1  # no heads: an empty block
     k = np.repeat(k, group, axis=2)  # query head h reads kv head h // group
     v = np.repeat(v, group, axis=2)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)

@@ -247,7 +247,7 @@ def attention_backward(
     q: Array, k: Array, v: Array, dy: Array, causal: bool, scale: float | None
 ) -> list[Array]:
     """dq, dk, dv of grouped-query attention (query head h reads kv head h // group)."""
-    group = q.shape[2] // k.shape[2]
+    group = q.shape[2] // k.shape[2] if k.shape[2] else 1  # no heads: an empty block
     kr, vr = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     s = np.einsum("bqhd,bkhd->bhqk", q, kr) * scale
@@ -261,8 +261,8 @@ def attention_backward(
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kr)
     dkr = np.einsum("bhqk,bqhd->bkhd", ds, q)
     b, skv, hkv = k.shape[:3]
-    dk = dkr.reshape(b, skv, hkv, group, -1).sum(axis=3)
-    dv = dvr.reshape(b, skv, hkv, group, -1).sum(axis=3)
+    dk = dkr.reshape(b, skv, hkv, group, k.shape[3]).sum(axis=3)  # no -1: blocks may be empty
+    dv = dvr.reshape(b, skv, hkv, group, v.shape[3]).sum(axis=3)
     return [dq, dk, dv]
 
 
@@ -322,7 +322,7 @@ def _emb_grad_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]
 def _emb_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
     ids, dy = xs
     out = np.zeros((int(attrs["vocab"]), dy.shape[-1]), dtype=dy.dtype)
-    np.add.at(out, ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    np.add.at(out, ids.reshape(-1), dy.reshape(ids.size, dy.shape[-1]))  # dy may be empty
     return [out]
 
 

@@ -38,8 +38,11 @@ torch.distributed on real ranks).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from collections.abc import Callable, Generator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,7 +56,14 @@ from shardlab.ops.base import Array, Attrs
 from shardlab.ops.dropout import block_index, dropout_block
 from shardlab.ops.reduce import reduce_dims
 from shardlab.ops.softmax import masked_softmax
-from shardlab.placement import DistSpec, Shard, index_ranges, local_shape_on
+from shardlab.placement import (
+    DistSpec,
+    Replicate,
+    Shard,
+    check_no_empty_blocks,
+    index_ranges,
+    local_shape_on,
+)
 from shardlab.runtime.distribute import to_local
 
 
@@ -104,7 +114,31 @@ KernelResult = list[Array] | Generator[CollectiveRequest, Array, list[Array]]
 Kernel = Callable[[str, Sequence[Array], Attrs, LocalContext], KernelResult]
 
 
+#: Reductions without an identity: a rank cannot reduce an empty block of their dims.
+NO_IDENTITY = frozenset({"max"})
+
+
+def check_reducible(kind: str, attrs: Attrs, ctx: LocalContext) -> None:
+    """Raise PlacementError (value, dim, size, mesh axes) when this rank would reduce an
+    empty block of a reduction without identity (a max over a dim split into DTensor's
+    blocks with an empty tail). The rules never choose that split (`einsum`); this names
+    the layout instead of failing inside numpy or torch if some other path asks for it."""
+    if kind not in NO_IDENTITY or not ctx.input_types:
+        return
+    t, spec = ctx.input_types[0], ctx.input_specs[0]
+    dims = reduce_dims(len(t.shape), attrs, kind)
+    ranges = ctx.input_range(0)
+    if not any(ranges[d][0] == ranges[d][1] for d in dims):
+        return
+    kept = tuple(
+        p if isinstance(p, Shard) and p.dim in dims else Replicate() for p in spec.placements
+    )
+    why = f"a {kind} over dims {list(dims)} has no value on an empty block"
+    check_no_empty_blocks(t.shape, ctx.mesh, kept, f"input 0 of {kind}", why)
+
+
 def default_kernel(kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext) -> KernelResult:
+    check_reducible(kind, attrs, ctx)
     impl = get_op(kind).numpy_impl
     assert impl is not None, kind
     if kind == "unpack" and "block_shapes" in attrs:  # this rank's blocks (uneven shards)
@@ -131,6 +165,8 @@ def embedding_vocab_parallel(
 ) -> KernelResult:
     """Rows of the table outside this rank's block contribute zeros (a partial sum)."""
     ids, table = xs
+    if not table.shape[0]:  # an empty block of rows (DTensor's layout): no id is inside it
+        return [np.zeros((*ids.shape, table.shape[1]), dtype=table.dtype)]
     start, stop = ctx.input_range(1)[0]
     inside = (ids >= start) & (ids < stop)
     rows = table[np.where(inside, ids - start, 0)]
@@ -144,7 +180,7 @@ def embedding_grad_vocab_parallel(
     ids, dy = xs
     start, stop = ctx.output_range(0)[0]
     out = np.zeros((stop - start, dy.shape[-1]), dtype=dy.dtype)
-    flat, rows = ids.reshape(-1), dy.reshape(-1, dy.shape[-1])
+    flat, rows = ids.reshape(-1), dy.reshape(ids.size, dy.shape[-1])  # dy may be empty
     inside = (flat >= start) & (flat < stop)
     np.add.at(out, flat[inside] - start, rows[inside])
     return [out]
@@ -158,15 +194,31 @@ def cross_entropy_vocab_parallel(
     axes = ctx.axes_sharding(0, logits.ndim - 1)
     parts = int(np.prod([ctx.mesh.axis_size(a) for a in axes]))
     start, stop = ctx.input_range(0)[-1]
-    peak = yield CollectiveRequest("max", axes, np.max(logits, axis=-1))
+    peak = yield CollectiveRequest("max", axes, _row_max(logits))
     sum_exp = yield CollectiveRequest("sum", axes, np.sum(np.exp(logits - peak[..., None]), -1))
     lse = peak + np.log(sum_exp)
     inside = (labels >= start) & (labels < stop)
     local = np.where(inside, labels - start, 0)
-    picked = np.take_along_axis(logits, local[..., None], axis=-1)[..., 0]
+    picked = _pick(logits, local)
     terms = lse / parts - np.where(inside, picked, 0.0)
     total = np.sum(terms) if attrs.get("reduction", "mean") == "sum" else np.mean(terms)
     return [np.asarray(total)]
+
+
+def _row_max(logits: Array) -> Array:
+    """The max over the last dim; -inf for an empty block of the vocab (the all-reduced max
+    comes from the ranks that hold some)."""
+    if logits.shape[-1]:
+        return np.asarray(np.max(logits, axis=-1))
+    return np.full(logits.shape[:-1], -np.inf, dtype=logits.dtype)
+
+
+def _pick(logits: Array, local: Array) -> Array:
+    """`logits[..., local]` per row; zeros for an empty block of the vocab (no label is
+    inside it, and the callers mask what is outside)."""
+    if logits.shape[-1]:
+        return np.asarray(np.take_along_axis(logits, local[..., None], axis=-1)[..., 0])
+    return np.zeros(local.shape, dtype=logits.dtype)
 
 
 def attention_query_offset(
@@ -262,7 +314,7 @@ def cross_entropy_grad_sharded(
     logits, labels, dloss = xs
     axes = ctx.axes_sharding(0, logits.ndim - 1)
     start, stop = ctx.input_range(0)[-1]
-    peak = np.max(logits, axis=-1)
+    peak = _row_max(logits)
     if axes:
         peak = yield CollectiveRequest("max", axes, peak)
     exp = np.exp(logits - peak[..., None])
@@ -272,8 +324,9 @@ def cross_entropy_grad_sharded(
     grad = exp / total[..., None]
     inside = (labels >= start) & (labels < stop)
     local = np.where(inside, labels - start, 0).astype(np.int64)[..., None]
-    hit = np.take_along_axis(grad, local, axis=-1) - inside[..., None]
-    np.put_along_axis(grad, local, hit, axis=-1)
+    if grad.shape[-1]:  # an empty block of the vocab holds no target
+        hit = np.take_along_axis(grad, local, axis=-1) - inside[..., None]
+        np.put_along_axis(grad, local, hit, axis=-1)
     n = math.prod(ctx.input_types[1].shape) if attrs.get("reduction", "mean") == "mean" else 1
     return [grad * (dloss / n)]
 
@@ -294,18 +347,45 @@ def _mean_share(kind: str, attrs: Attrs, ctx: LocalContext) -> float:
 
 
 def global_mean(inner: Kernel) -> Kernel:
-    """`inner`'s local mean scaled to a partial sum of the global mean (uneven blocks)."""
+    """`inner`'s local mean scaled to a partial sum of the global mean (uneven blocks). A
+    rank whose block of the reduced elements is empty (share 0) contributes zeros: its
+    local mean of nothing is NaN (still computed, quietly, so that a generator kernel makes
+    the same mid-op requests as its peers)."""
 
     def kernel(
         kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
     ) -> Generator[CollectiveRequest, Array, list[Array]]:
-        out = inner(kind, xs, attrs, ctx)
-        if not isinstance(out, list):
-            out = yield from out
         share = _mean_share(kind, attrs, ctx)
-        return [np.asarray(y * share) for y in out]
+        with _quiet(not share):
+            out = inner(kind, xs, attrs, ctx)
+        if not isinstance(out, list):
+            out = yield from _quietly(out, not share)
+        return [np.asarray(y * share) if share else np.zeros_like(y) for y in out]
 
     return kernel
+
+
+def _quiet(empty: bool) -> AbstractContextManager[object]:
+    """Numpy's RuntimeWarnings (the mean of an empty block) silenced where `empty`."""
+    if empty:
+        return warnings.catch_warnings(action="ignore", category=RuntimeWarning)
+    return contextlib.nullcontext()
+
+
+def _quietly(
+    gen: Generator[CollectiveRequest, Array, list[Array]], empty: bool
+) -> Generator[CollectiveRequest, Array, list[Array]]:
+    """`gen`, each step run under `_quiet(empty)` and every request yielded outside it (the
+    simulated mesh interleaves the ranks' generators: a warnings context held across a
+    yield would be restored out of order)."""
+    reply: Array | None = None
+    while True:
+        with _quiet(empty):
+            try:
+                request = next(gen) if reply is None else gen.send(reply)
+            except StopIteration as stop:
+                return list(stop.value)
+        reply = yield request
 
 
 KERNELS: dict[str, Kernel] = {

@@ -4,8 +4,10 @@ Each step is a simulated collective over the rank groups of its mesh axis
 (`Mesh.groups(axis)`, in coordinate order): blocks only ever move between ranks of one group,
 never through the global view, so a passing test proves the plan itself is right.
 Uneven blocks (a dim that does not divide its mesh axes) are the real blocks: a gather
-concatenates them, a scatter or slice cuts as `numpy.array_split` does
-(`placement.index_ranges`), so no padding is modelled here.
+concatenates them, a scatter, all_to_all or slice cuts as DTensor does (`torch.chunk`:
+ceil-sized blocks, the tail ones short or empty; `chunk`, `placement.split_sizes`), so no
+padding is modelled here. Zero-size blocks move like any other (numpy concatenates, stacks
+and reduces them).
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import numpy as np
 from shardlab.errors import ExecutionError
 from shardlab.mesh import Mesh
 from shardlab.ops.base import Array
-from shardlab.placement import DistSpec, Partial, Placement, Shard, local_shape_on
+from shardlab.placement import (
+    DistSpec,
+    Partial,
+    Placement,
+    Shard,
+    local_shape_on,
+    split_sizes,
+)
 from shardlab.reshard import CommStep
 
 _REDUCE = {
@@ -40,6 +49,14 @@ def shard_dim(p: Placement, step: CommStep) -> int:
     if not isinstance(p, Shard):
         raise ExecutionError(f"{step.kind} needs a Shard placement, got {p}", step=step.kind)
     return p.dim
+
+
+def chunk(x: Array, n: int, axis: int) -> list[Array]:
+    """`x` cut into `n` views along `axis` as DTensor cuts a shard (`torch.chunk`, padded with
+    empty blocks: `placement.split_sizes`), not as `numpy.array_split` would."""
+    sizes = split_sizes(x.shape[axis], n)
+    cuts = [sum(sizes[: c + 1]) for c in range(n - 1)]
+    return np.split(x, cuts, axis=axis)
 
 
 def pad_shard(x: Array, sizes: Sequence[int], c: int, dim: int, op: str) -> Array:
@@ -70,14 +87,14 @@ def apply_step(blocks: Mapping[int, Array], mesh: Mesh, step: CommStep) -> dict[
             ys = [total.copy() for _ in group]
         elif step.kind == "reduce_scatter":
             total = np.asarray(_REDUCE[partial_op(step.src, step)](np.stack(xs)))
-            ys = [c.copy() for c in np.array_split(total, n, axis=shard_dim(step.dst, step))]
+            ys = [c.copy() for c in chunk(total, n, shard_dim(step.dst, step))]
         elif step.kind == "all_to_all":
             d, e = shard_dim(step.src, step), shard_dim(step.dst, step)
-            sent = [np.array_split(x, n, axis=e) for x in xs]  # sent[i][j]: from rank i to rank j
+            sent = [chunk(x, n, e) for x in xs]  # sent[i][j]: from rank i to rank j
             ys = [np.concatenate([sent[i][j] for i in range(n)], axis=d) for j in range(n)]
         elif step.kind == "local_slice":
             d = shard_dim(step.dst, step)
-            ys = [np.array_split(x, n, axis=d)[c].copy() for c, x in enumerate(xs)]
+            ys = [chunk(x, n, d)[c].copy() for c, x in enumerate(xs)]
         elif step.kind == "local_partial" and isinstance(step.src, Shard):
             d, op = step.src.dim, partial_op(step.dst, step)
             sizes = [x.shape[d] for x in xs]

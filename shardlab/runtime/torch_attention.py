@@ -69,7 +69,7 @@ def attention_tensors(
 ) -> Tensor:
     """Grouped-query attention, [B, S, H, D] layout; `offset`: the global index of q's first
     row (ops/attention.attention)."""
-    group = q.shape[2] // k.shape[2]
+    group = q.shape[2] // k.shape[2] if k.shape[2] else 1  # no heads: an empty block
     k = torch.repeat_interleave(k, group, dim=2)  # query head h reads kv head h // group
     v = torch.repeat_interleave(v, group, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * _scale_of(q, scale)
@@ -94,7 +94,7 @@ def attention_backward(
     q: Tensor, k: Tensor, v: Tensor, dy: Tensor, causal: bool, scale: Any
 ) -> list[Tensor]:
     """dq, dk, dv of grouped-query attention (ops/autodiff_ops.attention_backward)."""
-    group = q.shape[2] // k.shape[2]
+    group = q.shape[2] // k.shape[2] if k.shape[2] else 1  # no heads: an empty block
     kr = torch.repeat_interleave(k, group, dim=2)
     vr = torch.repeat_interleave(v, group, dim=2)
     scale = _scale_of(q, scale)
@@ -109,8 +109,8 @@ def attention_backward(
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, kr)
     dkr = torch.einsum("bhqk,bqhd->bkhd", ds, q)
     b, skv, hkv = k.shape[:3]
-    dk = dkr.reshape(b, skv, hkv, group, -1).sum(dim=3)
-    dv = dvr.reshape(b, skv, hkv, group, -1).sum(dim=3)
+    dk = dkr.reshape(b, skv, hkv, group, k.shape[3]).sum(dim=3)  # no -1: blocks may be empty
+    dv = dvr.reshape(b, skv, hkv, group, v.shape[3]).sum(dim=3)
     return [dq, dk, dv]
 
 

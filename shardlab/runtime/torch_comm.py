@@ -21,7 +21,11 @@ its device) and the flat tensor torch sends. Nothing leaves the device.
   step gathers or moves; `placement.group_sizes`). all_gather and reduce_scatter pad every
   block to the largest and trim after (NCCL's *_into_tensor / *_tensor need equal blocks,
   and the cost model charges the padded message); all_to_all sends the real pieces with
-  split sizes; local_slice cuts as `numpy.array_split`; S -> P pads by the real offsets.
+  split sizes; reduce_scatter, all_to_all and local_slice cut as DTensor does (`chunk`:
+  `torch.chunk`'s ceil-sized blocks, padded with empty ones, `placement.split_sizes`);
+  S -> P pads by the real offsets. Empty blocks (6 rows over 4 ranks: 2, 2, 2, 0) travel
+  as zero-size pieces: padded to the largest for all_gather / reduce_scatter, a zero split
+  size for all_to_all.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import numpy as np
 from shardlab.errors import ExecutionError
 from shardlab.mesh import Mesh
 from shardlab.ops.base import Array
-from shardlab.placement import Shard
+from shardlab.placement import Shard, split_sizes
 from shardlab.reshard import CommStep
 from shardlab.runtime.reshard_exec import partial_op, shard_dim
 from shardlab.runtime.sharded import axes_group
@@ -128,9 +132,15 @@ def _even(x: Tensor, dim: int, g: Group, sizes: Sizes) -> tuple[int, ...]:
     return tuple(sizes) if sizes is not None else (x.shape[dim],) * g.n
 
 
+def chunk(x: Tensor, n: int, dim: int) -> list[Tensor]:
+    """`x` cut into `n` views along `dim` as DTensor cuts a shard (`torch.chunk`, padded with
+    empty blocks; `placement.split_sizes`), not as `torch.tensor_split` would."""
+    torch, _ = torch_modules()
+    return list(torch.split(x, list(split_sizes(x.shape[dim], n)), dim=dim))
+
+
 def _start_one(x: Tensor, step: CommStep, g: Group, sizes: Sizes) -> tuple[Any, Finish]:
     """Issue one step (other than all_reduce) on one block."""
-    torch, _ = torch_modules()
     if step.kind == "all_gather":
         d = shard_dim(step.src, step)
         return _all_gather(x, d, g, _even(x, d, g, sizes))
@@ -140,7 +150,7 @@ def _start_one(x: Tensor, step: CommStep, g: Group, sizes: Sizes) -> tuple[Any, 
         d = shard_dim(step.src, step)
         return _all_to_all(x, d, shard_dim(step.dst, step), g, _even(x, d, g, sizes))
     if step.kind == "local_slice":
-        piece = torch.tensor_split(x, g.n, dim=shard_dim(step.dst, step))[g.pos].clone()
+        piece = chunk(x, g.n, shard_dim(step.dst, step))[g.pos].clone()
         return None, lambda: [piece]
     if step.kind == "local_partial":
         made = _local_partial(x, step, g, sizes)
@@ -248,11 +258,10 @@ def _all_gather(x: Tensor, dim: int, g: Group, sizes: tuple[int, ...]) -> tuple[
 
 
 def _reduce_scatter(x: Tensor, op: str, dim: int, g: Group) -> tuple[Any, Finish]:
-    """This rank's `numpy.array_split` chunk of the reduced block (`torch.tensor_split` cuts
-    the same); every chunk is padded to the largest (the first) for the call and this rank's
-    is trimmed after."""
-    torch, dist = torch_modules()
-    chunks = torch.tensor_split(x, g.n, dim=dim)
+    """This rank's DTensor chunk of the reduced block (`chunk`); every chunk is padded to
+    the largest (the first) for the call and this rank's is trimmed after."""
+    _, dist = torch_modules()
+    chunks = chunk(x, g.n, dim)
     if g.pg is None:
         return None, lambda: [chunks[0].clone()]
     big = chunks[0].shape[dim]
@@ -273,11 +282,12 @@ def _reduce_scatter(x: Tensor, op: str, dim: int, g: Group) -> tuple[Any, Finish
 def _all_to_all(
     x: Tensor, src_dim: int, dst_dim: int, g: Group, sizes: tuple[int, ...]
 ) -> tuple[Any, Finish]:
-    """S(src_dim) -> S(dst_dim): chunk j of this block (along dst_dim, as `numpy.array_split`
-    cuts it) goes to position j; the chunks received (position c's is `sizes[c]` long along
-    src_dim) are concatenated along src_dim in mesh order. Split sizes, no padding."""
+    """S(src_dim) -> S(dst_dim): chunk j of this block (along dst_dim, as DTensor cuts it:
+    `chunk`) goes to position j; the chunks received (position c's is `sizes[c]` long along
+    src_dim) are concatenated along src_dim in mesh order. Split sizes (zero for an empty
+    piece), no padding."""
     torch, dist = torch_modules()
-    chunks = torch.tensor_split(x, g.n, dim=dst_dim)
+    chunks = chunk(x, g.n, dst_dim)
     if g.pg is None:
         return None, lambda: [chunks[0].clone()]
     send = _flat([chunks[c] for c in g.mesh_pos])

@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 from shardlab.ops.base import Array, Attrs
 from shardlab.placement import Partial, local_slices
 from shardlab.runtime import torch_attention, torch_dropout, torch_ops
-from shardlab.runtime.kernels import CollectiveRequest, LocalContext, _mean_share
+from shardlab.runtime.kernels import (
+    CollectiveRequest,
+    LocalContext,
+    _mean_share,
+    check_reducible,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -71,6 +76,7 @@ def local_attrs(kind: str, attrs: Attrs, ctx: LocalContext) -> Attrs:
 
 
 def default_kernel(kind: str, xs: Sequence[Tensor], attrs: Attrs, ctx: LocalContext) -> TorchResult:
+    check_reducible(kind, attrs, ctx)
     return torch_ops.run_tensors(kind, xs, local_attrs(kind, attrs, ctx))
 
 
@@ -93,6 +99,8 @@ def embedding_vocab_parallel(
     import torch
 
     ids, table = xs
+    if not table.shape[0]:  # an empty block of rows (DTensor's layout): no id is inside it
+        return [table.new_zeros((*ids.shape, table.shape[1]))]
     start, stop = ctx.input_range(1)[0]
     inside = (ids >= start) & (ids < stop)
     rows = table[torch.where(inside, ids - start, 0).long()]
@@ -106,7 +114,7 @@ def embedding_grad_vocab_parallel(
     ids, dy = xs
     start, stop = ctx.output_range(0)[0]
     out = dy.new_zeros((stop - start, dy.shape[-1]))
-    flat, rows = ids.reshape(-1), dy.reshape(-1, dy.shape[-1])
+    flat, rows = ids.reshape(-1), dy.reshape(ids.numel(), dy.shape[-1])  # dy may be empty
     inside = (flat >= start) & (flat < stop)
     return [out.index_add_(0, (flat[inside] - start).long(), rows[inside])]
 
@@ -121,15 +129,33 @@ def cross_entropy_vocab_parallel(
     axes = ctx.axes_sharding(0, logits.dim() - 1)
     parts = math.prod(ctx.mesh.axis_size(a) for a in axes)
     start, stop = ctx.input_range(0)[-1]
-    peak = yield _request("max", axes, torch.amax(logits, dim=-1))
+    peak = yield _request("max", axes, _row_max(logits))
     sum_exp = yield _request("sum", axes, torch.sum(torch.exp(logits - peak[..., None]), -1))
     lse = peak + torch.log(sum_exp)
     inside = (labels >= start) & (labels < stop)
     local = torch.where(inside, labels - start, 0).long()
-    picked = torch.gather(logits, -1, local[..., None])[..., 0]
+    picked = _pick(logits, local)
     terms = lse / parts - torch.where(inside, picked, picked.new_zeros(()))
     total = torch.sum(terms) if attrs.get("reduction", "mean") == "sum" else torch.mean(terms)
     return [total]
+
+
+def _row_max(logits: Tensor) -> Tensor:
+    """The max over the last dim; -inf for an empty block of the vocab (`kernels._row_max`)."""
+    import torch
+
+    if logits.shape[-1]:
+        return torch.amax(logits, dim=-1)
+    return logits.new_full(logits.shape[:-1], -math.inf)
+
+
+def _pick(logits: Tensor, local: Tensor) -> Tensor:
+    """`logits[..., local]` per row; zeros for an empty block of the vocab."""
+    import torch
+
+    if logits.shape[-1]:
+        return torch.gather(logits, -1, local[..., None])[..., 0]
+    return logits.new_zeros(local.shape)
 
 
 def cross_entropy_grad_sharded(
@@ -143,7 +169,7 @@ def cross_entropy_grad_sharded(
     logits, labels, dloss = xs
     axes = ctx.axes_sharding(0, logits.dim() - 1)
     start, stop = ctx.input_range(0)[-1]
-    peak = torch.amax(logits, dim=-1)
+    peak = _row_max(logits)
     if axes:
         peak = yield _request("max", axes, peak)
     exp = torch.exp(logits - peak[..., None])
@@ -153,8 +179,9 @@ def cross_entropy_grad_sharded(
     grad = exp / total[..., None]
     inside = (labels >= start) & (labels < stop)
     local = torch.where(inside, labels - start, 0).long()[..., None]
-    hit = torch.gather(grad, -1, local) - inside[..., None].to(grad.dtype)
-    grad = grad.scatter(-1, local, hit)
+    if grad.shape[-1]:  # an empty block of the vocab holds no target
+        hit = torch.gather(grad, -1, local) - inside[..., None].to(grad.dtype)
+        grad = grad.scatter(-1, local, hit)
     n = math.prod(ctx.input_types[1].shape) if attrs.get("reduction", "mean") == "mean" else 1
     return [grad * (dloss / n)]
 
@@ -231,14 +258,18 @@ def attention_grad_head_offset(
 
 
 def global_mean(inner: TorchKernel) -> TorchKernel:
-    """`inner`'s local mean scaled to a partial sum of the global mean (uneven blocks)."""
+    """`inner`'s local mean scaled to a partial sum of the global mean (uneven blocks); a
+    rank whose block of the reduced elements is empty (share 0) contributes zeros, not its
+    local mean of nothing (NaN), as `kernels.global_mean` does."""
 
     def kernel(kind: str, xs: Sequence[Tensor], attrs: Attrs, ctx: LocalContext) -> TorchGen:
+        import torch
+
         out = inner(kind, xs, attrs, ctx)
         if not isinstance(out, list):
             out = yield from out
         share = _mean_share(kind, attrs, ctx)
-        return [y * share for y in out]
+        return [y * share if share else torch.zeros_like(y) for y in out]
 
     return kernel
 

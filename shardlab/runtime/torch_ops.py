@@ -212,7 +212,8 @@ def _embedding(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
 def _embedding_grad(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     ids, dy = xs
     out = dy.new_zeros(int(attrs["vocab"]), dy.shape[-1])
-    return [out.index_add_(0, ids.reshape(-1).long(), dy.reshape(-1, dy.shape[-1]))]
+    rows = dy.reshape(ids.numel(), dy.shape[-1])  # no -1: dy may be an empty block
+    return [out.index_add_(0, ids.reshape(-1).long(), rows)]
 
 
 def _reduce_terms(terms: Tensor, attrs: Attrs) -> Tensor:

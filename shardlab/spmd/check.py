@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from shardlab.errors import PlacementError
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
 from shardlab.ops import get_op, infer_types
@@ -29,6 +28,7 @@ from shardlab.placement import (
     Replicate,
     Shard,
     check_placements,
+    empty_blocks,
     local_shape_on,
 )
 from shardlab.runtime.distribute import assemble, distribute
@@ -130,14 +130,15 @@ def placements_for(rank: int, partial: bool = True) -> list[Placement]:
 
 
 def all_specs(t: TensorType, mesh: Mesh, partial: bool = True) -> Iterator[DistSpec]:
-    """Every DistSpec of `t` on `mesh` that leaves no rank's block empty (uneven too)."""
+    """Every DistSpec of `t` on `mesh` whose sharded dims are at least as long as their
+    number of blocks: uneven blocks too, and the empty tail blocks DTensor's layout leaves
+    (6 over 4: 2, 2, 2, 0); a dim shorter than its block count, which no rule splits
+    (`einsum._divides`), is left out."""
     options = placements_for(t.rank, partial and t.is_float)
     for combo in itertools.product(options, repeat=mesh.ndim):
-        try:
-            check_placements(t.shape, mesh, combo)
-        except PlacementError:  # a combination that leaves some rank an empty block
-            continue
-        yield DistSpec(mesh, combo)
+        check_placements(t.shape, mesh, combo)
+        if all(t.shape[e.dim] >= len(e.sizes) for e in empty_blocks(t.shape, mesh, combo)):
+            yield DistSpec(mesh, combo)
 
 
 def _arriving_combos(

@@ -44,11 +44,15 @@ A sharded letter that no output carries is contracted: the outputs become `Parti
 with `op` from the signature (`sum` for matmul, `avg` for a mean, `max` for a max).
 
 Uneven shards: a letter may be split into blocks of different sizes (a dim that does not
-divide its axes) when every dim it names has the same size (the same cut everywhere) and no
-rank's block is empty; a letter naming dims of different sizes (grouped-query heads) must
-divide evenly. A mean over uneven blocks is not the mean of the block means: where an `avg`
-letter is split unevenly, every axis splitting an `avg` letter makes `Partial(sum)` and the
-kernel scales the local mean by the rank's share of the elements (`global_mean`).
+divide its axes, cut as DTensor cuts it: `torch.chunk`'s ceil-sized blocks, the tail ones
+short or empty) when every dim it names has the same size (the same cut everywhere) and
+that size is at least the number of blocks; a letter naming dims of different sizes
+(grouped-query heads) must divide evenly. A rank may still hold an empty block (6 over 4:
+2, 2, 2, 0) and computes on it like any other, except where the op reduces the letter by
+max or min (an empty block has no maximum): such a split is not an option. A mean over
+uneven blocks is not the mean of the block means: where an `avg` letter is split unevenly,
+every axis splitting an `avg` letter makes `Partial(sum)` and the kernel scales the local
+mean by the rank's share of the elements (`global_mean`; an empty block's share is 0).
 """
 
 from __future__ import annotations
@@ -60,7 +64,14 @@ from dataclasses import dataclass, field, replace
 
 from shardlab.ir import TensorType
 from shardlab.ops import get_op
-from shardlab.placement import DistSpec, Partial, Placement, Replicate, Shard
+from shardlab.placement import (
+    DistSpec,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    nested_split_sizes,
+)
 from shardlab.spmd.cost import FLOPS_PER_BYTE, local_bytes, reshard_cost
 from shardlab.spmd.result import AxisChoice, RuleContext, RuleResult
 
@@ -274,7 +285,24 @@ def _valid(ctx: RuleContext, sig: Signature, combo: Combo) -> bool:
     ):
         return False
     kernel = next(iter(kernels), "default")
+    if _empty_extreme(ctx, sig, combo):
+        return False
     return kernel in GLOBAL_MEAN or not _uneven_mean(ctx, sig, combo)
+
+
+def _empty_extreme(ctx: RuleContext, sig: Signature, combo: Combo) -> bool:
+    """True when the combination splits a letter the op reduces by max or min so that some
+    rank's block is empty (it would have no maximum to contribute)."""
+    for letter in {o.label for o in combo if o.shards}:
+        if sig.contraction.get(letter) not in ("max", "min"):
+            continue
+        counts = [ctx.mesh.shape[k] for k, o in enumerate(combo) if o.label == letter]
+        if any(
+            size and 0 in nested_split_sizes(size, counts)
+            for size in _letter_sizes(ctx, sig, letter)
+        ):
+            return True
+    return False
 
 
 def _cost(ctx: RuleContext, combo: Combo, flops: float) -> tuple[float, float]:
@@ -320,7 +348,9 @@ def _output_target(
 
 def _divides(ctx: RuleContext, sig: Signature, letter: str, need: int) -> bool:
     """True when every dim named `letter` splits into `need` blocks the same way: evenly, or
-    (uneven blocks) when all those dims have one size and no block is empty."""
+    (uneven blocks, DTensor's layout) when all those dims have one size, at least `need`: a
+    letter smaller than its rank count is not split by a rule (it would idle ranks the
+    compute cost counts as working), though an annotation may lay a value out so."""
     sizes = _letter_sizes(ctx, sig, letter)
     if all(size % need == 0 for size in sizes):
         return True

@@ -137,12 +137,19 @@ def test_groups_follow_the_placements() -> None:
     assert by_rank[7].ranges == ((0, 8), (6, 12), (0, 4))
 
 
-def test_an_empty_shard_is_refused_like_the_engine() -> None:
+def test_an_empty_shard_is_drawn_as_the_engine_holds_it() -> None:
+    """3 rows on 4 ranks: DTensor's blocks 1, 1, 1, 0; the last rank holds an empty block."""
     spec = DistSpec.parse("S(0)", LINE)
-    with pytest.raises(PlacementError, match="empty block") as ours:
-        rank_blocks((3, 2), spec)
+    blocks = rank_blocks((3, 2), spec)
+    assert [b.ranges for b in blocks] == [((0, 1), (0, 2)), ((1, 2), (0, 2)), ((2, 3), (0, 2)),
+                                          ((3, 3), (0, 2))]  # fmt: skip
+    data = distribute(np.arange(6.0).reshape(3, 2), spec)
+    assert [data[b.rank].shape for b in blocks] == [b.local_shape for b in blocks]
+    assert blocks[3].local_shape == (0, 2)
+    with pytest.raises(PlacementError) as ours:
+        rank_blocks((3, 2), DistSpec.parse("S(2)", LINE))
     with pytest.raises(PlacementError) as engine:
-        distribute(np.zeros((3, 2)), spec)
+        distribute(np.zeros((3, 2)), DistSpec.parse("S(2)", LINE))
     assert str(ours.value) == str(engine.value)
 
 

@@ -151,16 +151,21 @@ def test_plans_are_cached() -> None:
     assert plan("S(0)R", "RS(1)", "2x2") is plan("S(0)R", "RS(1)", "2x2")
 
 
-def test_mismatched_mesh_and_empty_shards_are_rejected() -> None:
+def test_mismatched_mesh_is_rejected_and_empty_shards_plan() -> None:
     mesh, other = MESHES["2x2"], MESHES["4"]
     with pytest.raises(PlacementError, match="must be on mesh"):
         plan_transition(
             SHAPE, "float32", mesh, DistSpec.parse("RR", mesh), DistSpec.parse("R", other)
         )
-    with pytest.raises(PlacementError, match="empty block"):
+    with pytest.raises(PlacementError, match="out of range"):
         plan_transition(
-            (3, 8, 8), "float32", mesh, DistSpec.parse("RR", mesh), DistSpec.parse("S(0)S(0)", mesh)
+            (3, 8), "float32", mesh, DistSpec.parse("RR", mesh), DistSpec.parse("S(2)R", mesh)
         )
+    # 3 rows over (2, 2): DTensor's blocks 1, 1, 1, 0 (the last rank's is empty)
+    steps = plan_transition(
+        (3, 8, 8), "float32", mesh, DistSpec.parse("RR", mesh), DistSpec.parse("S(0)S(0)", mesh)
+    )
+    assert [s.kind for s in steps] == ["local_slice", "local_slice"]
 
 
 # --- comparison with PyTorch DTensor's default redistribute plan -------------------------

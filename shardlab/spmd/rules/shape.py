@@ -186,7 +186,8 @@ def _reshape(ctx: RuleContext, move: bool) -> RuleResult:
 def _same_cut(size_in: int, size_out: int, shards: int) -> bool:
     """True when cutting a group's outer input dim (`size_in`) and its first output dim
     (`size_out`) into `shards` blocks gives every rank the same run of the group's elements:
-    both divide evenly, or (uneven blocks) the two dims are the same dim, kept."""
+    both divide evenly, or (uneven blocks, DTensor's layout) the two dims are the same dim,
+    kept, and no smaller than the shards (as `einsum._divides`)."""
     if size_in % shards == 0 and size_out % shards == 0:
         return True
     return size_in == size_out and size_out >= shards

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from shardlab.errors import PlacementError
 from shardlab.ir import TensorType
 from shardlab.mesh import Mesh
 from shardlab.ops import get_op
@@ -254,3 +255,29 @@ def test_masked_softmax_query_offset_matches_torch_causal() -> None:
         above = torch.ones(8, 8, dtype=torch.bool).triu(1)
         want = torch.softmax((torch.from_numpy(x) * 0.3).masked_fill(above, float("-inf")), -1)
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_max_over_an_empty_block_is_refused_naming_the_layout() -> None:
+    """6 rows on 4 ranks are DTensor's 2, 2, 2, 0: the last rank has no row to take a max
+    of. No rule splits a max that way; the kernel names the layout if asked anyway."""
+    x = rng.standard_normal((6, 3))
+    types, out = (TensorType((6, 3)),), (TensorType((3,)),)
+    for r in LINE.ranks:
+        ctx = LocalContext(LINE, r, types, out, (spec("S(0)", LINE),), (spec("P(max)", LINE),))
+        block = to_local(x, ctx.input_specs[0], r)
+        if r < 3:
+            (got,) = KERNELS["default"]("max", [block], {"dims": [0]}, ctx)
+            np.testing.assert_allclose(got, block.max(axis=0))
+            continue
+        with pytest.raises(PlacementError) as err:
+            KERNELS["default"]("max", [block], {"dims": [0]}, ctx)
+        assert err.value.message == (
+            "cannot shard dim 0 of 'input 0 of max' (size 6) over mesh axes tp (4): DTensor's "
+            "blocks (2 x3, 0) leave 1 rank(s) with an empty block, and a max over dims [0] "
+            "has no value on an empty block"
+        )
+        # a max over the other dim of the empty block is fine: it has no rows to reduce
+        rows = LocalContext(LINE, r, types, (TensorType((6,)),), ctx.input_specs,
+                            (spec("S(0)", LINE),))  # fmt: skip
+        (got,) = KERNELS["default"]("max", [block], {"dims": [1]}, rows)
+        assert got.shape == (0,)

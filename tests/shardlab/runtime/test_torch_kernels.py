@@ -120,10 +120,10 @@ DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", 
 
 
 @DTYPES
-@pytest.mark.parametrize("vocab", [16, 14])  # 14 rows: uneven blocks on 4 ranks
+@pytest.mark.parametrize("vocab", [16, 14, 6])  # 14 rows: 4, 4, 4, 2; 6 rows: 2, 2, 2, 0
 @pytest.mark.parametrize("ids_dtype", [np.int64, np.int32])
 def test_embedding_kernels(dtype: type, vocab: int, ids_dtype: type) -> None:
-    ids = np.array([[0, 3, 4, 7], [8, 11, 12, vocab - 1], [vocab - 1, 0, 5, 5]], ids_dtype)
+    ids = np.array([[0, 3, 4, 7], [8, 11, 12, vocab - 1], [vocab - 1, 0, 5, 5]], ids_dtype) % vocab
     table, dy = rng.standard_normal((vocab, 4)), rng.standard_normal((3, 4, 4))
     assert_on_every_rank(
         "embedding_vocab_parallel",
@@ -153,18 +153,24 @@ def test_embedding_kernels(dtype: type, vocab: int, ids_dtype: type) -> None:
 @pytest.mark.parametrize("fixed", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize(
-    ("specs", "batch"),
-    [(["S(0)S(1)", "S(0)R"], 4), (["RS(1)", "RR"], 4), (["S(0)S(1)", "S(0)R"], 5)],
+    ("specs", "batch", "vocab"),
+    [
+        (["S(0)S(1)", "S(0)R"], 4, 8),
+        (["RS(1)", "RR"], 4, 8),
+        (["S(0)S(1)", "S(0)R"], 5, 8),
+        (["S(0)S(1)", "S(0)R"], 5, 1),  # the vocab's blocks: 1, 0 (empty)
+        (["S(0)S(1)", "S(0)R"], 1, 8),  # the batch's blocks: 1, 0 (empty)
+    ],
 )
 def test_cross_entropy_kernels(
-    dtype: type, fixed: bool, reduction: str, specs: list[str], batch: int
+    dtype: type, fixed: bool, reduction: str, specs: list[str], batch: int, vocab: int
 ) -> None:
-    logits = rng.standard_normal((batch, 8)) * 4
-    labels = np.array([0, 3, 4, 7, 5][:batch])
+    logits = rng.standard_normal((batch, vocab)) * 4
+    labels = np.array([0, 3, 4, 7, 5][:batch]) % vocab
     dloss = np.asarray(rng.standard_normal())
     attrs = {"reduction": reduction}
     out = "P(sum)P(sum)"
-    kernel = "cross_entropy_vocab_parallel" + ("+global_mean" if batch == 5 else "")
+    kernel = "cross_entropy_vocab_parallel" + ("+global_mean" if batch % 2 else "")
     assert_on_every_rank(
         kernel,
         "cross_entropy",
@@ -266,8 +272,9 @@ def test_attention_head_offset_kernels(
 
 
 @DTYPES
-def test_global_mean_kernels(dtype: type) -> None:
-    x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 4))
+@pytest.mark.parametrize("rows", [5, 6, 3])  # on 4 ranks: 2, 2, 1, 0; 2, 2, 2, 0; 1, 1, 1, 0
+def test_global_mean_kernels(dtype: type, rows: int) -> None:
+    x, y = rng.standard_normal((rows, 4)), rng.standard_normal((rows, 4))
     assert_on_every_rank(
         "global_mean",
         "mean",
