@@ -48,7 +48,7 @@ from backend.routers.models import (
     new_preset_model,
 )
 from backend.routers.plans import built_plan, job_fields, job_of, owned
-from backend.routers.strategies import add_strategy_version
+from backend.routers.strategies import latest_or_new_version
 from backend.schemas.common import PathId, errors
 from backend.schemas.jobs import CheckCreate, CheckCreated, CheckOut, VerifyOn
 from backend.schemas.resources import StrategyUpdate
@@ -304,33 +304,14 @@ def _strategy(session: Session, team: int, body: CheckCreate) -> Strategy:
         return row
     given = body.strategy
     name = given.name or _strategy_name(given.mesh, given.templates)
-    latest = session.scalars(
-        select(Strategy)
-        .where(Strategy.team_id == team, Strategy.name == name)
-        .order_by(Strategy.version.desc())
-        .limit(1)
-    ).first()
     definition = StrategyUpdate.model_validate(given.model_dump(exclude={"name"}))
-    if latest is not None and _same(latest, definition):
-        return latest
-    version = latest.version + 1 if latest is not None else 1
     with _about("strategy"):
-        return add_strategy_version(session, team, name, version, definition)
+        return latest_or_new_version(session, team, name, definition)
 
 
 def _strategy_name(mesh: str, templates: list[str]) -> str:
     """A readable name for an unnamed inline strategy: 'dp=8,tp=8 dp+megatron_tp'."""
     return " ".join(part for part in (mesh.strip(), "+".join(templates)) if part)[:200]
-
-
-def _same(row: Strategy, definition: StrategyUpdate) -> bool:
-    """Whether the stored version is `definition` (mesh, templates, annotations, options)."""
-    return (row.mesh, list(row.templates), list(row.annotations), dict(row.options)) == (
-        definition.mesh,
-        definition.templates,
-        definition.annotations,
-        definition.options,
-    )
 
 
 @contextmanager

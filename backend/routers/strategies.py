@@ -79,6 +79,31 @@ def add_strategy_version(
     return row
 
 
+def latest_or_new_version(
+    session: Session, team_id: int, name: str, definition: StrategyUpdate
+) -> StrategyRow:
+    """The latest version of strategy `name` when it is `definition` (mesh, templates,
+    annotations, options), else the next version of it, added and flushed (not committed):
+    what names a strategy inline (a check, a search's candidate) stores nothing new when
+    asked again."""
+    latest = session.scalars(
+        select(StrategyRow)
+        .where(StrategyRow.team_id == team_id, StrategyRow.name == name)
+        .order_by(StrategyRow.version.desc())
+        .limit(1)
+    ).first()
+    same = latest is not None and (
+        latest.mesh,
+        list(latest.templates),
+        list(latest.annotations),
+        dict(latest.options),
+    ) == (definition.mesh, definition.templates, definition.annotations, definition.options)
+    if latest is not None and same:
+        return latest
+    version = latest.version + 1 if latest is not None else 1
+    return add_strategy_version(session, team_id, name, version, definition)
+
+
 def _versions(session: Session, team_id: int, name: str) -> list[StrategyRow]:
     query = (
         select(StrategyRow)

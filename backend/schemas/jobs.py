@@ -210,6 +210,12 @@ class SearchCreate(_Request):
     cross_node_tp: bool = False
 
 
+class SearchPlanCreate(_Request):
+    """Build one of a search's ranked candidates as a plan."""
+
+    candidate: int = Field(ge=0, le=100_000, description="The candidate's rank, from 0.")
+
+
 class SearchOut(BaseModel):
     """A search, its job's state and, once done, its result: `candidates` ranked (fitting
     first, then by step time), `pareto` (indices of the front of step time against peak

@@ -128,14 +128,11 @@ function whyBox(result) {
     h("pre", { id: "search-why" }, result.why.join("\n")));
 }
 
-/** Build `candidate` as a strategy and a plan; resolves with the new plan's id. */
-async function buildPlan(search, candidate) {
-  const strategy = await api("/api/strategies", { method: "POST", body: {
-    name: `search ${search.id}: ${candidate.label}`.slice(0, 200),
-    mesh: candidate.mesh, templates: candidate.templates, annotations: candidate.annotations || [],
-    options: candidate.options } });
-  const plan = await api("/api/plans", { method: "POST", body: {
-    model_id: search.model_id, strategy_id: strategy.id, cluster: search.cluster } });
+/** Build the candidate ranked `index` as the search planned it (the model at the searched
+ * global batch, its strategy, the search's cluster); resolves with the new plan's id. */
+async function buildPlan(search, index) {
+  const plan = await api(`/api/searches/${search.id}/plans`, { method: "POST",
+    body: { candidate: index } });
   return plan.id;
 }
 
@@ -147,7 +144,7 @@ function table(search, onBuild) {
     h("td", { class: "num" }, c.peak_memory_bytes === null ? "–" : fmtBytes(c.peak_memory_bytes)),
     h("td", { class: c.fits ? "status-succeeded" : "status-failed" }, c.fits ? "fits" : c.reason),
     h("td", {}, c.fits ? h("button", { type: "button", class: "secondary",
-      onclick: () => onBuild(c) }, "Build this plan") : "")));
+      onclick: () => onBuild(i) }, "Build this plan") : "")));
   return h("table", { "aria-label": "ranked candidates" },
     h("thead", {}, h("tr", {}, ["#", "Candidate", "Step", "Peak memory", "Fits", ""]
       .map((t) => h("th", {}, t)))), h("tbody", {}, rows));
@@ -156,11 +153,12 @@ function table(search, onBuild) {
 async function showResult(out, search) {
   const result = search.result;
   const fits = result.candidates.filter((c) => c.fits).length;
-  const build = async (candidate) => {
+  const build = async (index) => {
+    const candidate = result.candidates[index];
     out.querySelector("#search-building")?.remove();
     out.append(h("p", { id: "search-building", class: "loading" }, `building ${candidate.label}…`));
     try {
-      const id = await buildPlan(search, candidate);
+      const id = await buildPlan(search, index);
       window.location.hash = `#/plans/${id}`;
     } catch (err) {
       out.append(errorBox(err));
@@ -188,7 +186,7 @@ async function showResult(out, search) {
   }, { responsive: true, displaylogo: false });
   plot.on("plotly_click", (ev) => {
     const i = ev.points?.[0]?.customdata;
-    if (i !== undefined && result.candidates[i].fits) build(result.candidates[i]);
+    if (i !== undefined && result.candidates[i].fits) build(i);
   });
 }
 

@@ -295,7 +295,8 @@ function facts(blocks) {
       ` on ${blocks.mesh.text} · local shape ${fmtShape(blocks.local_shape)}`,
       blocks.even === false
         ? h("span", { "data-field": "uneven" }, " (the largest: a split dim does not divide its"
-          + " mesh axes, so blocks differ by one; each rank's own shape is in its cell)")
+          + " mesh axes, so the last blocks are short or empty, as DTensor cuts them; each"
+          + " rank's own shape is in its cell)")
         : ""),
     h("p", { class: "muted" }, how.join(" · ")),
     h("p", { class: "muted" }, dims.length === 2

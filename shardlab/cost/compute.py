@@ -239,8 +239,8 @@ def program_op_times(
 ) -> dict[str, float]:
     """Seconds of every compute op of `program` on one rank, by op name; comm ops are skipped.
 
-    Every rank is costed on the largest block of each value (uneven shards differ by at most
-    one row), so one rank's times stand for all of them, the slowest's; each
+    Every rank is costed on the largest block of each value (DTensor's uneven shards: the
+    first blocks are the largest), so one rank's times stand for all of them, the slowest's; each
     includes the device's `op_overhead` when it has one (a calibrated cluster's). A local
     kernel (e.g. vocab-parallel cross entropy) is counted by its kind's OpDef on the local
     blocks, plus, on a `Cluster`, the all-reduces it runs mid-op (`cost.kernel_comm`); an op

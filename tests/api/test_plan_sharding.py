@@ -156,7 +156,8 @@ def test_values_and_blocks(
 
 
 def test_uneven_blocks_have_each_ranks_own_ranges(client: TestClient, settings: Settings) -> None:
-    """vocab 257 over tp=2 (129 + 128 rows) and a batch of 5 over dp=2 (3 + 2 sequences)."""
+    """vocab 257 over tp=2 (129 + 128 rows) and a batch of 5 over dp=2 (3 + 2 sequences, the
+    batch annotated: the dp template refuses a batch its axis does not divide)."""
     model = _created(
         client.post(
             "/api/models",
@@ -170,7 +171,12 @@ def test_uneven_blocks_have_each_ranks_own_ranges(client: TestClient, settings: 
     strategy = _created(
         client.post(
             "/api/strategies",
-            json={"name": "odd", "mesh": "dp=2,tp=2", "templates": ["dp", "megatron_tp"]},
+            json={
+                "name": "odd",
+                "mesh": "dp=2,tp=2",
+                "templates": ["megatron_tp"],
+                "annotations": ["tokens=dp:S(0)", "labels=dp:S(0)"],
+            },
         )
     )
     plan = _created(

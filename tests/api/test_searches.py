@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from backend.settings import Settings
@@ -84,3 +85,34 @@ def test_bad_searches_are_refused_and_name_the_value(client: TestClient) -> None
     answer = client.post("/api/searches", json={"model_id": raw["id"], "cluster": "h100-sxm-1x4"})
     assert_error(answer, 422, "invalid_search", "not made from a preset")
     assert client.get("/api/searches").json() == []
+
+
+def test_a_candidate_is_built_at_the_searched_global_batch_and_again_without_a_409(
+    client: TestClient, settings: Settings
+) -> None:
+    """ "Build this plan" once planned the model at its own batch (8) under a candidate
+    searched at 16 (a 422), and a retry hit the strategy's name (409). Now the search
+    builds the candidate: the team's model of the preset at the searched batch (made once),
+    the candidate's strategy (one version), the plan the search costed."""
+    search_id = create_search(client, global_batch=16)
+    assert_error(client.post(f"/api/searches/{search_id}/plans", json={"candidate": 0}),
+                 409, "not_ready", "queued")  # fmt: skip
+    assert run_jobs(settings) == 1
+    result = client.get(f"/api/searches/{search_id}").json()["result"]
+    assert result["global_batch"] == 16
+    best = result["candidates"][0]
+    plans = [client.post(f"/api/searches/{search_id}/plans", json={"candidate": 0})
+             for _ in range(2)]  # fmt: skip
+    assert [p.status_code for p in plans] == [202, 202], plans[1].text
+    assert run_jobs(settings) == 2
+    built = [client.get(f"/api/plans/{p.json()['id']}").json() for p in plans]
+    assert built[0]["model_id"] == built[1]["model_id"] != tiny_model(client)
+    assert built[0]["strategy_id"] == built[1]["strategy_id"]
+    model = client.get(f"/api/models/{built[0]['model_id']}").json()
+    assert model["overrides"]["batch"] == 16
+    strategy = client.get(f"/api/strategies/{built[0]['strategy_id']}").json()
+    assert (strategy["mesh"], strategy["templates"]) == (best["mesh"], best["templates"])
+    assert built[0]["summary"]["cost"]["step_time_s"] == pytest.approx(best["step_time_s"])
+    n = len(result["candidates"])
+    assert_error(client.post(f"/api/searches/{search_id}/plans", json={"candidate": n}),
+                 422, "invalid_candidate", f"ranked {n} candidates")  # fmt: skip

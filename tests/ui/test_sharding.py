@@ -210,7 +210,7 @@ def test_uneven_blocks_show_each_ranks_own_shape(page: Page, server: Server) -> 
     rows = {r["rank"]: r["local_shape"][0] for r in blocks["ranks"]}
     assert sorted(set(rows.values())) == [128, 129]  # 257 = 129 + 128 over tp
     page.goto(f"/#/plans/{plan['id']}/sharding?value={value}")
-    expect(page.locator("[data-field=uneven]")).to_contain_text("blocks differ by one")
+    expect(page.locator("[data-field=uneven]")).to_contain_text("the last blocks are short")
     detail = page.locator("#rank-detail")
     for rank in (0, 1):
         page.locator(f'.sh-cell[data-rank="{rank}"]').hover()
