@@ -104,6 +104,7 @@ def bases(ids: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
         ("post", "/api/plans/{plan_id}/measurements"): [{"steps": 2, "device": "cpu"}],
         ("post", "/api/comparisons"): [{"plan_a_id": ids["plan"], "plan_b_id": ids["plan_b"]}],
         ("post", "/api/searches"): [{"model_id": ids["model"], "cluster": "cpu-local"}],
+        ("post", "/api/searches/{search_id}/plans"): [{"candidate": 0}],
         ("post", "/api/checks"): [CHECK],
         ("put", "/api/admin/teams/{team}/limits"): [{"max_running_jobs": 2}],
     }
@@ -214,7 +215,7 @@ def _fixtures(
 
 def _url(path: str, ids: dict[str, Any]) -> str:
     names = {"strategy_id": ids["strategy"], "plan_id": ids["plan"], "thread_id": ids["thread"],
-             "team": ids["team"]}  # fmt: skip
+             "team": ids["team"], "search_id": 1}  # fmt: skip
     url = path.format(**names)
     return url + "?name=up" if path == "/api/models/upload" else url
 
