@@ -108,7 +108,7 @@ def measure() -> list[dict[str, Any]]:
     return rows
 
 
-def section() -> Section:
+def run() -> Section:
     rows = measure()
     worst = max(rows, key=lambda r: r["worst"])
     out = Section(
@@ -139,4 +139,4 @@ def section() -> Section:
 
 
 if __name__ == "__main__":
-    print(section().markdown())
+    print(run().markdown())
