@@ -93,10 +93,10 @@ RESOURCES: dict[str, tuple[str, dict[str, Any]]] = {
     "strategy": ("/api/strategies", {"name": "dp2", "mesh": "dp=2", "templates": ["dp"]}),
     # 4 devices: more than cpu-local's 2
     "wide": ("/api/strategies", {"name": "wide", "mesh": "dp=2,tp=2", "templates": ["dp"]}),
-    # w1 is [32, 8]: dim 1 in 16 leaves ranks empty (uneven splits are fine, issue 21)
-    "uneven": (
+    # w1 is [32, 8]: it has no dim 2 (uneven splits, even empty blocks, are fine: DTensor's)
+    "out_of_range": (
         "/api/strategies",
-        {"name": "uneven", "mesh": "tp=16", "annotations": ["w1=tp:S(1)"]},
+        {"name": "out-of-range", "mesh": "tp=16", "annotations": ["w1=tp:S(2)"]},
     ),
     # mlp_demo has no layers: the annotation matches no value, serial or training
     "ghost": (
@@ -104,9 +104,9 @@ RESOURCES: dict[str, tuple[str, dict[str, Any]]] = {
         {"name": "ghost", "mesh": "dp=2", "annotations": ["layers.*.weight=dp:S(0)"]},
     ),
     # w1.exp_avg (AdamW's state of w1, in the training graph only) is [32, 8]
-    "uneven_state": (
+    "out_of_range_state": (
         "/api/strategies",
-        {"name": "uneven-state", "mesh": "tp=16", "annotations": ["w1.exp_avg=tp:S(1)"]},
+        {"name": "out-of-range-state", "mesh": "tp=16", "annotations": ["w1.exp_avg=tp:S(2)"]},
     ),
     # the dp template shards the batch of x [16, 16]: 16 does not divide over 32 ranks
     "uneven_template": (
@@ -264,14 +264,14 @@ CASES = [
          "mesh dp=2,tp=2 has 4 devices but cluster 'cpu-local' has 2",
          {"model_id": Ref("model"), "strategy_id": Ref("wide"), "cluster": "cpu-local"},
          detail={"cluster": "cpu-local"}),
-    Case("plan-placement-not-divisible", "POST", "/api/plans", 422, "invalid_placement",
-         "cannot shard dim 1 of 'w1' (size 8) over mesh axes tp (16)",
-         {"model_id": Ref("model"), "strategy_id": Ref("uneven")},
-         detail={"dim": 1, "size": 8, "axes": ["tp"]}),
-    Case("plan-state-placement-not-divisible", "POST", "/api/plans", 422, "invalid_placement",
-         "cannot shard dim 1 of 'w1.exp_avg' (size 8) over mesh axes tp (16)",
-         {"model_id": Ref("model"), "strategy_id": Ref("uneven_state")},
-         detail={"dim": 1, "size": 8, "axes": ["tp"]}),
+    Case("plan-placement-dim-out-of-range", "POST", "/api/plans", 422, "invalid_placement",
+         "S(2) on mesh axis 'tp' is out of range for 'w1' of rank 2",
+         {"model_id": Ref("model"), "strategy_id": Ref("out_of_range")},
+         detail={"dim": 2, "axis": "tp"}),
+    Case("plan-state-placement-dim-out-of-range", "POST", "/api/plans", 422,
+         "invalid_placement", "S(2) on mesh axis 'tp' is out of range for 'w1.exp_avg' of rank 2",
+         {"model_id": Ref("model"), "strategy_id": Ref("out_of_range_state")},
+         detail={"dim": 2, "axis": "tp"}),
     Case("plan-template-batch-not-divisible", "POST", "/api/plans", 422, "invalid_strategy",
          "template dp: input 'x' has a batch of 16, which does not divide over the 32 ranks of "
          "mesh axis 'dp'",

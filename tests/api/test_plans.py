@@ -224,10 +224,10 @@ def test_engine_error_fails_the_job(client: TestClient, settings: Settings) -> N
     strategy = {"name": "dp", "mesh": "dp=2", "templates": ["dp"]}
     strategy_id = _created(client.post("/api/strategies", json=strategy))["id"]
     body = {"model_id": model_id, "strategy_id": strategy_id, "cluster": "h100-sxm-8x8"}
-    # POST /api/plans refuses a template that leaves a rank an empty block (batch 4 over dp=8)...
+    # POST /api/plans refuses a batch the dp template cannot split (batch 4 over dp=8)...
     refused = client.post("/api/strategies", json={**strategy, "name": "dp8", "mesh": "dp=8"})
     bad = client.post("/api/plans", json={**body, "strategy_id": _created(refused)["id"]})
-    assert bad.status_code == 422 and "dp (8)" in bad.json()["message"]
+    assert bad.status_code == 422 and "batch of 4" in bad.json()["message"]
     # ...so make the worker meet one: the stored version changes after the plan is queued
     plan_id = _created(client.post("/api/plans", json=body))["id"]
     engine = make_engine(settings.database_url)
@@ -241,7 +241,7 @@ def test_engine_error_fails_the_job(client: TestClient, settings: Settings) -> N
     assert run_jobs(settings) == 1
     plan = client.get(f"/api/plans/{plan_id}").json()
     assert plan["status"] == "failed" and plan["summary"] is None
-    assert plan["error"]["code"] == "invalid_placement"
-    assert "dp (8)" in plan["error"]["message"], plan["error"]
+    assert plan["error"]["code"] == "invalid_strategy"
+    assert "over the 8 ranks of mesh axis 'dp'" in plan["error"]["message"], plan["error"]
     answer = client.get(f"/api/plans/{plan_id}/trace")
     assert answer.status_code == 409 and answer.json()["detail"]["job_status"] == "failed"

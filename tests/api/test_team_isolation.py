@@ -30,6 +30,7 @@ BODIES = {
     ("post", "/api/plans/{plan_id}/comments"): {"body": "hello"},
     ("post", "/api/plans/{plan_id}/comments/{thread_id}/resolve"): {"resolved": True},
     ("post", "/api/plans/{plan_id}/measurements"): {"steps": 1},
+    ("post", "/api/searches/{search_id}/plans"): {"candidate": 0},
     ("put", "/api/admin/teams/{team}/limits"): {"max_running_jobs": 1},
 }
 #: paths only administrators may use (403 for anyone else, whatever the path names)

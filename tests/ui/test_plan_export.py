@@ -1,5 +1,6 @@
 """The plan overview's "Export for PyTorch" downloads: the DTensor module, the torchtitan
-config and the placements JSON (through the session cookie), and a refused export's message."""
+arguments and TOML, and the placements JSON (through the session cookie), and a refused
+export's message."""
 
 from __future__ import annotations
 
@@ -33,14 +34,17 @@ def test_overview_downloads_the_three_exports(page: Page, built_plan: dict[str, 
     page.goto(f"/#/plans/{plan_id}")
     section = page.get_by_role("region", name="export for PyTorch")
     expect(section.get_by_role("heading", name="Export for PyTorch")).to_be_visible()
-    href = section.get_by_role("link", name="torchtitan config").get_attribute("href")
+    href = section.get_by_role("link", name="torchtitan arguments").get_attribute("href")
     assert href == f"/api/plans/{plan_id}/export?format=torchtitan"
 
     name, module = _download(page, "DTensor parallelize module")
     assert name == f"plan{plan_id}_parallelize.py"
     assert "def parallelize(" in module and '"lm_head": ColwiseParallel(' in module
     compile(module, name, "exec")
-    name, toml = _download(page, "torchtitan config")
+    name, args = _download(page, "torchtitan arguments")
+    assert name == f"plan{plan_id}_torchtitan.args"
+    assert "--parallelism.tensor_parallel_degree 2" in args.splitlines(), args
+    name, toml = _download(page, "torchtitan TOML")
     assert name == f"plan{plan_id}_torchtitan.toml"
     assert "tensor_parallel_degree = 2" in toml.splitlines()
     assert "data_parallel_replicate_degree = 2" in toml.splitlines()

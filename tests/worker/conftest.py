@@ -61,7 +61,7 @@ def queue_plan(
             team_id=team.id,
             name="s",
             mesh=mesh,
-            templates=["dp", "megatron_tp", "sequence_parallel"],
+            templates=["dp", "megatron_tp", "sequence_parallel"] if "tp=" in mesh else ["dp"],
         )
         session.add_all([model, strategy])
         session.flush()

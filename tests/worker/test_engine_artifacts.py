@@ -23,7 +23,7 @@ TINY = {"layers": 2, "hidden": 48, "heads": 6, "kv_heads": 6, "ffn": 96, "vocab"
 def _inputs(mesh: str, cluster: str | None) -> dict[str, Any]:
     return {
         "graph": graph_to_json(build_model("llama3-8b", TINY)),
-        "strategy": {"mesh": mesh, "templates": ["dp", "megatron_tp"]},
+        "strategy": {"mesh": mesh, "templates": ["dp", "megatron_tp"] if "tp=" in mesh else ["dp"]},
         "cluster": load_cluster(cluster).to_json() if cluster else None,
     }
 
