@@ -35,7 +35,7 @@ from shardlab.graph_json import graph_from_json, graph_to_json
 from shardlab.ir import Graph
 from shardlab.lower import lower
 from shardlab.passes.manager import PASSES, run_passes
-from shardlab.plan_pipeline import PIPELINE_AXIS, PipelineReport, build_pipelined
+from shardlab.plan_pipeline import PipelineReport, build_pipelined
 from shardlab.program import DistProgram
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy
@@ -90,9 +90,15 @@ class Plan:
     cost: PlanCost | None = None
     #: the program after lowering and after each pass, with its cost when costed
     stages: list[PlanStage] = field(default_factory=list)
-    #: a mesh with a `pp` axis: the stages and the pipelined step (then `program` and
-    #: `training` are one micro-batch's, and `cost` is None)
+    #: a mesh with a `pp` axis, or gradient accumulation: the stages and the pipelined step
+    #: (then `program` and `training` are one micro-batch's, and `cost` is None)
     pipeline: PipelineReport | None = None
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches accumulated before each optimizer step without a `pp` axis (1:
+        none); the plan is then a pipeline of one stage (`Strategy.schedule_strategy`)."""
+        return self.strategy.accumulation
 
     def collectives_by_kind(self) -> dict[str, dict[str, Any]]:
         """Per comm kind: count, bytes per rank, and the most common reasons.
@@ -186,11 +192,12 @@ def build_plan(
         model = build_model(model)
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
-    if PIPELINE_AXIS in strategy.mesh.axis_names:
+    if strategy.pipelined:  # a pp axis, or gradient accumulation (a pipeline of one stage)
         built = build_pipelined(
-            model, strategy, optimizer=optimizer, lr=lr, cluster=cluster, passes=passes,
-            report=report, fold=fold,
+            model, strategy.schedule_strategy(), optimizer=optimizer, lr=lr, cluster=cluster,
+            passes=passes, report=report, fold=fold,
         )  # fmt: skip
+        built.report.accumulation = strategy.accumulation > 1
         stages = [
             PlanStage(name, prog, summary, cost) for name, prog, summary, cost in built.stages
         ]

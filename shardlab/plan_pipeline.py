@@ -35,14 +35,16 @@ from shardlab.passes.pipeline_tied import tied_reason, tied_stages
 from shardlab.program import DistProgram
 from shardlab.rebatch import microbatch_model
 from shardlab.spmd.complete import CompletedGraph, complete
-from shardlab.strategy import Strategy
+from shardlab.strategy import Strategy, StrategyError
 
 #: The mesh axis a pipeline splits the layers along.
 PIPELINE_AXIS = "pp"
 #: Passes that must not run on the one-micro-batch program of all stages: a bucket would
 #: mix gradients of several stages. They run per stage on the detailed pipeline programs
 #: (`passes.pipeline_passes`); here the gradient reductions stay as lowered, after the
-#: last backward (as Megatron-LM reduced them in 2021).
+#: last backward (as Megatron-LM reduced them in 2021). With one stage (gradient
+#: accumulation) they run, and the reductions overlap the last micro-batch's backward
+#: (`cost.pipeline_slots._tail_time`).
 STAGE_LOCAL_PASSES = frozenset({"dp_fuse_allreduce", "dp_overlap"})
 
 
@@ -66,6 +68,8 @@ class PipelineReport:
     cost: PipelineSlotCost | None = None
     #: parameters read on several stages (tied weights) -> those stages
     tied: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: gradient accumulation on a mesh without a `pp` axis: one stage, no bubble
+    accumulation: bool = False
 
     def summary(self) -> dict[str, Any]:
         """Schedule, stages (layers, chunks) and, when costed, step, bubble and memory per
@@ -73,6 +77,7 @@ class PipelineReport:
         a = self.assignment
         out: dict[str, Any] = {
             **self.options.to_json(),
+            "accumulation": self.accumulation,
             "pp": a.pp,
             "stages": [
                 {"stage": s, "layers": a.layers_of_stage(s), "chunks": a.chunks_of_stage(s)}
@@ -119,7 +124,10 @@ def build_pipelined(
     training = training_graph_of(micro, optimizer, lr, strategy.recompute)
     assignment = _assignment(training, pp, options)
     report(0.1, "completion")
-    completed = complete(training, stage_strategy(strategy, PIPELINE_AXIS), fold)
+    try:
+        completed = complete(training, stage_strategy(strategy, PIPELINE_AXIS), fold)
+    except StrategyError as exc:
+        raise _per_microbatch(exc, options.microbatches) from None
     report(0.4, "lowering")
     program = lower(completed)
     if options.balance == "time":
@@ -142,8 +150,9 @@ def build_pipelined(
             axis=PIPELINE_AXIS,
         )
     config = dict(strategy.options.get("passes") or {}) if passes else {}
+    one_stage = pp == 1 and options.virtual_stages == 1  # gradient accumulation
     for name in PASSES:  # the bucket passes would mix the gradients of several stages
-        if not passes or name in STAGE_LOCAL_PASSES:
+        if not passes or (name in STAGE_LOCAL_PASSES and not one_stage):
             config[name] = False
 
     def on_pass(n: int, total: int, name: str) -> None:
@@ -156,6 +165,20 @@ def build_pipelined(
         completed,
         PipelineReport(options, assignment, raw[-1].cost, tied),
         [(s.name, s.program, s.summary, s.cost) for s in raw],
+    )
+
+
+def _per_microbatch(exc: StrategyError, microbatches: int) -> StrategyError:
+    """`exc` saying that the batch it names is one micro-batch's, where it names one: the
+    dp template's refusal of a batch its axis does not divide speaks of the micro-batch."""
+    batch = exc.detail.get("batch")
+    if not isinstance(batch, int) or microbatches == 1:
+        return exc
+    return StrategyError(
+        f"{exc.message} (that is one of {microbatches} micro-batches: the batch of "
+        f"{batch * microbatches} must be a multiple of {microbatches} micro-batches x the "
+        "data-parallel ranks)",
+        **{**exc.detail, "microbatches": microbatches},
     )
 
 

@@ -20,7 +20,7 @@ from shardlab.annotation import (
 )
 from shardlab.autodiff import OPTIMIZERS
 from shardlab.mesh import Mesh
-from shardlab.passes.pipeline_schedule import PipelineOptions
+from shardlab.passes.pipeline_schedule import MAX_MICROBATCHES, PipelineOptions
 from shardlab.recompute import POLICIES
 from shardlab.templates import resolve_template
 
@@ -38,9 +38,13 @@ __all__ = [
 
 #: The options a strategy may carry: the optimization passes to run (names and options are
 #: checked by `passes.manager.resolve_passes`), the optimizer and its learning rate, the
-#: activation recomputation policy (`shardlab.recompute`) and, on a mesh with a `pp` axis,
-#: the pipeline's schedule (`passes.pipeline_schedule.PipelineOptions`).
-OPTIONS = ("passes", "optimizer", "lr", "recompute", "pipeline")
+#: activation recomputation policy (`shardlab.recompute`), on a mesh with a `pp` axis the
+#: pipeline's schedule (`passes.pipeline_schedule.PipelineOptions`) and, on a mesh without
+#: one, gradient accumulation: `microbatches` run one after another before one optimizer
+#: step (`Strategy.accumulation`).
+OPTIONS = ("passes", "optimizer", "lr", "recompute", "pipeline", "microbatches")
+#: The mesh axis pipeline stages split the layers along (`shardlab.plan_pipeline`).
+PIPELINE_AXIS = "pp"
 
 
 def check_options(options: Mapping[str, Any], mesh: Mesh | None = None) -> None:
@@ -70,10 +74,37 @@ def check_options(options: Mapping[str, Any], mesh: Mesh | None = None) -> None:
                 option="pipeline",
             )
         PipelineOptions.from_options(options, mesh.axis_size("pp"))
+    if "microbatches" in options:
+        _check_accumulation(options["microbatches"], mesh)
     lr = options.get("lr", 1e-3)
     if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < float("inf"):
         raise StrategyError(
             f"option 'lr' must be a positive number, got {lr!r}", option="lr", value=lr
+        )
+
+
+def _check_accumulation(microbatches: object, mesh: Mesh | None) -> None:
+    """Option `microbatches` (gradient accumulation): a positive integer up to the limit the
+    pipeline's micro-batches have, on a mesh without a `pp` axis (there the pipeline's own
+    option counts them)."""
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise StrategyError(
+            f"option 'microbatches' must be a positive integer, got {microbatches!r}",
+            option="microbatches",
+            value=repr(microbatches),
+        )
+    if microbatches > MAX_MICROBATCHES:
+        raise StrategyError(
+            f"option 'microbatches' is {microbatches}, more than the limit of {MAX_MICROBATCHES}",
+            option="microbatches",
+            limit=MAX_MICROBATCHES,
+        )
+    if mesh is not None and PIPELINE_AXIS in mesh.axis_names:
+        raise StrategyError(
+            f"option 'microbatches' accumulates gradients on a mesh without a 'pp' axis; mesh "
+            f"{mesh} pipelines, and its micro-batches are the pipeline's: option pipeline "
+            "{'microbatches': N} (--microbatches N)",
+            option="microbatches",
         )
 
 
@@ -105,6 +136,32 @@ class Strategy:
     def recompute(self) -> str:
         """The activation recomputation policy: none, selective or full."""
         return str(self.options.get("recompute", "none"))
+
+    @property
+    def accumulation(self) -> int:
+        """Gradient accumulation: the micro-batches each rank runs one after another before
+        one optimizer step (1: none). Only on a mesh without a `pp` axis; a pipeline's
+        micro-batches are its option `pipeline`."""
+        return int(self.options.get("microbatches", 1))
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the plan runs a schedule of micro-batches: a `pp` axis, or accumulation."""
+        return PIPELINE_AXIS in self.mesh.axis_names or self.accumulation > 1
+
+    def schedule_strategy(self) -> Strategy:
+        """The strategy the pipelined branch of the planner builds: this one on a mesh with a
+        `pp` axis; with gradient accumulation, the same on the mesh with a leading `pp` axis
+        of size 1 and `pipeline` {1f1b, `accumulation` micro-batches}. Accumulation is a
+        pipeline of one stage: K forwards and backwards one after another, then one
+        optimizer step; the stage's schedule, slot costs and runtimes are the pipeline's."""
+        if self.accumulation <= 1 or PIPELINE_AXIS in self.mesh.axis_names:
+            return self
+        mesh = Mesh((1, *self.mesh.shape), (PIPELINE_AXIS, *self.mesh.axis_names),
+                    self.mesh.ranks)  # fmt: skip
+        options = {k: v for k, v in self.options.items() if k != "microbatches"}
+        options["pipeline"] = {"schedule": "1f1b", "microbatches": self.accumulation}
+        return Strategy(mesh, self.templates, self.annotations, options)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,4 +197,6 @@ class Strategy:
         parts = [f"mesh {self.mesh}"]
         parts += [f"template {t}" for t in self.templates]
         parts += [f"annotate {a.text()}" for a in self.annotations]
+        if self.accumulation > 1:
+            parts.append(f"{self.accumulation} micro-batches accumulated")
         return "; ".join(parts)

@@ -4,7 +4,7 @@ import { api, ApiError, followJob } from "../api.js";
 import { Field, clearErrors, errorLine, field, fieldOf, labelled, showError, uid } from "../forms.js";
 import { errorBox, fmtInt, h } from "../ui.js";
 import { modelSizePicker } from "./model_size.js";
-import { pipelinePicker, recomputePicker } from "./training_options.js";
+import { accumulationPicker, pipelinePicker, recomputePicker } from "./training_options.js";
 
 const INLINE = "display: inline; font-weight: normal; margin: 0 .4rem 0 .2rem";
 const GRID = "display: grid; grid-template-columns: max-content max-content 1fr; gap: .35rem 1rem; "
@@ -28,6 +28,7 @@ export function targetOf(err) {
   if (err.code === "invalid_pass" || d.passes !== undefined) return "passes";
   if (d.option === "recompute" || err.code === "invalid_recompute") return "recompute";
   if (err.code === "invalid_pipeline" || d.option === "pipeline") return "pipeline";
+  if (d.option === "microbatches") return "microbatches";
   if (err.code === "invalid_cluster") return d.mesh !== undefined ? "mesh" : "cluster";
   if (err.code === "not_found") return { cluster: "cluster", model: "model" }[d.resource] ?? null;
   if (["invalid_mesh", "invalid_placement"].includes(err.code)) return "mesh";
@@ -214,6 +215,7 @@ export function autoName(def) {
   return [def.mesh, def.templates.join("+"), o.recompute ? `recompute ${o.recompute}` : "",
     o.pipeline ? `pipeline ${o.pipeline.schedule}${o.pipeline.microbatches
       ? ` ×${o.pipeline.microbatches}` : ""}` : "",
+    o.microbatches ? `accumulate ×${o.microbatches}` : "",
     def.annotations.length ? `+${def.annotations.length} annotations` : ""]
     .filter(Boolean).join(" ").slice(0, 180);
 }
@@ -268,6 +270,7 @@ export async function render(root, ctx) {
   const pass = passPicker(passes);
   const recompute = recomputePicker(q.get("recompute"));
   const pipeline = pipelinePicker(q);
+  const accumulation = accumulationPicker(q);
   const batchSeq = modelSizePicker(q, models);
   model.addEventListener("change", () => batchSeq.showModel(model.value));
   batchSeq.showModel(model.value);
@@ -282,7 +285,8 @@ export async function render(root, ctx) {
   const fields = {
     model: field("model", model), cluster: field("cluster", cluster), mesh: mesh.field,
     templates: tpl.field, annotations: field("annotations", annotations), passes: pass.field,
-    recompute: recompute.field, pipeline: pipeline.field, name: field("strategy-name", name),
+    recompute: recompute.field, pipeline: pipeline.field, microbatches: accumulation.field,
+    name: field("strategy-name", name),
     size: batchSeq.field,
   };
   const banner = h("div");
@@ -304,6 +308,7 @@ export async function render(root, ctx) {
     meshStatus.className = c && n > c.devices ? "field-error" : c && n < c.devices ? "warning" : "muted";
     tpl.setAxes(mesh.axes());
     pipeline.setAxes(mesh.axes());
+    accumulation.setAxes(mesh.axes());
   }
   // the device count of a cluster typed in: GET /api/clusters/{name}, once typing pauses
   let lookups = 0;
@@ -427,6 +432,7 @@ export async function render(root, ctx) {
     const options = passConfig ? { passes: passConfig } : {};
     if (recompute.value() !== "none") options.recompute = recompute.value();
     if (pipeline.value()) options.pipeline = pipeline.value();
+    if (accumulation.value()) options.microbatches = accumulation.value();
     const def = { mesh: mesh.text(), templates: tpl.value(), annotations: lines, options };
     submit.disabled = true;
     try {
@@ -464,6 +470,7 @@ export async function render(root, ctx) {
     pass.element,
     h("p", {}, ...recompute.element),
     pipeline.element,
+    accumulation.element,
     labelled("Strategy name", name, fields.name.line),
     h("p", {}, submit), banner),
     jobBox);

@@ -9,6 +9,7 @@ function layers(list) {
 
 /** The `pipeline` part of a plan's summary, as a section. */
 export function pipelineSection(p) {
+  if (p.accumulation) return accumulationSection(p);
   const head = h("p", {}, `${p.schedule} schedule, ${p.pp} stages, ${p.microbatches} micro-batches`
     + (p.virtual_stages > 1 ? `, ${p.virtual_stages} model chunks per stage` : "")
     + `, layers ${{ even: "evenly split", time: "balanced by predicted time" }[p.balance]
@@ -43,4 +44,27 @@ export function pipelineSection(p) {
       return h("tr", {}, cells);
     }))));
   return h("section", { "aria-label": "pipeline" }, out);
+}
+
+/** Gradient accumulation (a plan without a `pp` axis whose step runs several micro-batches,
+ * costed as a schedule of one stage): per micro-batch times, what follows the last one, and
+ * the memory of one micro-batch in flight. */
+function accumulationSection(p) {
+  const out = [h("h2", {}, "Gradient accumulation"),
+    h("p", {}, `${p.microbatches} micro-batches one after another, then one optimizer step; the `
+      + "gradient reductions overlap the last micro-batch's backward.")];
+  const [s] = p.stages;
+  if (p.step_time_s !== undefined && s.memory) {
+    const m = s.memory;
+    const states = Object.values(m.model_state_bytes).reduce((a, b) => a + b, 0);
+    out.push(h("p", {}, `Step ${fmtTime(p.step_time_s)} on ${p.cluster}: `
+      + `${p.microbatches} × (forward ${fmtTime(s.forward_s[0])} + backward ${fmtTime(s.backward_s[0])}) `
+      + `+ ${fmtTime(s.tail_s)} after the last (exposed gradient reductions, optimizer); `
+      + `MFU ${fmtPercent(p.mfu)}, HFU ${fmtPercent(p.hfu)}.`));
+    out.push(h("p", { class: m.fits ? "" : "status-failed" }, `Memory per rank: peak `
+      + `${fmtBytes(m.peak_bytes)} = model states ${fmtBytes(states)} + activations `
+      + `${fmtBytes(m.activations_bytes)} (one micro-batch) + temporaries ${fmtBytes(m.temporaries_bytes)}`
+      + (m.fits ? "." : ": it does not fit.")));
+  }
+  return h("section", { "aria-label": "gradient accumulation" }, out);
 }

@@ -1,5 +1,6 @@
-// The New plan form's training options: activation recomputation, and the pipeline schedule
-// of a mesh with a `pp` axis. Both go into the strategy's `options` (see shardlab.strategy).
+// The New plan form's training options: activation recomputation, the pipeline schedule
+// of a mesh with a `pp` axis, and gradient accumulation on a mesh without one. They go into
+// the strategy's `options` (see shardlab.strategy).
 import { field, labelled } from "../forms.js";
 import { h } from "../ui.js";
 
@@ -65,6 +66,32 @@ export function pipelinePicker(query) {
       const v = Number.parseInt(virtual.value, 10);
       if (schedule.value === "interleaved" && v > 0) out.virtual_stages = v;
       return out;
+    },
+  };
+}
+
+/** Gradient accumulation, shown while the mesh has no `pp` axis: micro-batches run one after
+ * another before one optimizer step; `value()` is the strategy option `microbatches` (null:
+ * none, or a mesh that pipelines). */
+export function accumulationPicker(query) {
+  const microbatches = h("input", { type: "number", min: 1, step: 1, style: "width: 6rem",
+    value: query.get("accumulate") || "", placeholder: "1" });
+  const f = field("microbatches", microbatches);
+  const box = h("p", {}, ...labelled("Gradient accumulation steps",
+    microbatches, h("span", { class: "muted" },
+      " the local batch cut into this many, run one after another, one optimizer step"),
+    f.line));
+  let on = true;
+  return {
+    field: f,
+    element: box,
+    setAxes(axes) {
+      on = !axes.includes("pp");
+      box.hidden = !on;
+    },
+    value() {
+      const m = Number.parseInt(microbatches.value, 10);
+      return on && m > 1 ? m : null;
     },
   };
 }

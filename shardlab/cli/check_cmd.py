@@ -26,7 +26,7 @@ from shardlab.cli.common import (
     build_strategy,
     load_model,
 )
-from shardlab.cli.plan_cmd import pipelined, refuse_pipeline_flags
+from shardlab.cli.plan_cmd import schedule_flags
 from shardlab.errors import ShardlabError
 from shardlab.models import parse_overrides
 
@@ -152,9 +152,7 @@ def check_cmd(
                 raise ShardlabError("--max-regression-pct needs --baseline PLAN.json")
             before = load_plan(baseline).summary() if baseline is not None else None
             strategy = build_strategy(mesh, template, annotate, recompute)
-            refuse_pipeline_flags(strategy, microbatches, virtual_stages)
-            if "pp" in strategy.mesh.axis_names:
-                strategy = pipelined(strategy, schedule, microbatches, virtual_stages, "time")
+            strategy = schedule_flags(strategy, schedule, microbatches, virtual_stages, "time")
             plan = build_plan(load_model(model, set_), strategy, cluster=cluster)
             verdict = judge(plan.summary(), budgets, before, _verify(plan) if verify else None)
             verdict_json, markdown, report = verdict.to_json(), verdict.markdown(), verdict.junit()
@@ -177,13 +175,12 @@ def _inline_options(
     virtual_stages: int | None,
 ) -> dict[str, Any]:
     """The options of an inline strategy for `--server`, as `--local` builds them
-    (recomputation; on a `pp` mesh the pipeline settings), checked here first."""
+    (recomputation; on a `pp` mesh the pipeline settings, else gradient accumulation),
+    checked here first."""
     if mesh is None:
         return {"recompute": recompute} if recompute != "none" else {}
     strategy = build_strategy(mesh, None, None, recompute)
-    refuse_pipeline_flags(strategy, microbatches, virtual_stages)
-    if "pp" in strategy.mesh.axis_names:
-        strategy = pipelined(strategy, schedule, microbatches, virtual_stages, "time")
+    strategy = schedule_flags(strategy, schedule, microbatches, virtual_stages, "time")
     return {key: value for key, value in strategy.options.items() if value != {}}
 
 

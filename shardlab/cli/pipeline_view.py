@@ -156,6 +156,8 @@ def pipeline_text(s: dict[str, Any]) -> str:
 
 def pipelined_plan_lines(p: dict[str, Any]) -> list[str]:
     """The `pipeline` part of a plan's summary (slots of the schedule) as text lines."""
+    if p.get("accumulation"):
+        return _accumulation_lines(p)
     lines = [
         f"pipeline: {p['schedule']}, {p['pp']} stages, {p['microbatches']} micro-batches"
         + (f", {p['virtual_stages']} chunks per stage" if p["virtual_stages"] > 1 else "")
@@ -193,6 +195,35 @@ def pipelined_plan_lines(p: dict[str, Any]) -> list[str]:
             )
         lines.append(line)
     lines += _tied_lines(p)
+    return lines
+
+
+def _accumulation_lines(p: dict[str, Any]) -> list[str]:
+    """Gradient accumulation (a schedule of one stage) as text lines: micro-batches, step,
+    and the memory of one micro-batch in flight."""
+    lines = [f"gradient accumulation: {p['microbatches']} micro-batches one after another, "
+             "then one optimizer step"]  # fmt: skip
+    if "step_time_s" in p:
+        lines.append(
+            f"  on {p['cluster']}: step {p['step_time_s'] * 1e3:.1f} ms, MFU {p['mfu']:.1%} "
+            f"(HFU {p['hfu']:.1%}), {p['tokens_per_s']:,.0f} tokens/s"
+        )
+    (st,) = p["stages"]
+    memory = st.get("memory")
+    if memory is not None:
+        states = sum(memory["model_state_bytes"].values())
+        lines.append(
+            f"  per micro-batch: F {st['forward_s'][0] * 1e3:.1f} ms, B "
+            f"{st['backward_s'][0] * 1e3:.1f} ms; after the last: {st['tail_s'] * 1e3:.1f} ms "
+            "(the gradient reductions left exposed, the optimizer)"
+        )
+        lines.append(
+            f"  memory per rank: peak {human(memory['peak_bytes'], 'B')} of "
+            f"{human(p['memory_capacity_bytes'], 'B')} = states {human(states, 'B')} + "
+            f"activations {human(memory['activations_bytes'], 'B')} (one micro-batch) + "
+            f"temporaries {human(memory['temporaries_bytes'], 'B')}"
+            + ("" if p["fits"] else "  DOES NOT FIT")
+        )
     return lines
 
 

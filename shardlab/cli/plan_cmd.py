@@ -129,10 +129,9 @@ def plan_cmd(
 
         options = {"passes": pass_settings(pass_ or [], no_pass or [], bucket_mb)}
         strategy = dataclasses.replace(strategy, options={**strategy.options, **options})
-        refuse_pipeline_flags(strategy, microbatches, virtual_stages)
-        if "pp" in strategy.mesh.axis_names and not detailed_pipeline:
-            strategy = pipelined(strategy, schedule, microbatches, virtual_stages, balance)
-        elif "pp" in strategy.mesh.axis_names:
+        if not detailed_pipeline or "pp" not in strategy.mesh.axis_names:
+            strategy = schedule_flags(strategy, schedule, microbatches, virtual_stages, balance)
+        else:
             if output is not None or trace is not None:
                 raise ShardlabError("-o and --trace are not available for pipelines yet")
             micro = microbatch_model(graph, microbatches or 4)
@@ -214,24 +213,29 @@ def compare_cmd(
             raise typer.Exit(1)
 
 
-def refuse_pipeline_flags(
-    strategy: Strategy, microbatches: int | None, virtual_stages: int | None
-) -> None:
-    """A ShardlabError naming `--microbatches` / `--virtual-stages` given for a mesh without a
-    `pp` axis (they were ignored): say how to accumulate gradients on such a mesh."""
+def schedule_flags(
+    strategy: Strategy,
+    schedule: str,
+    microbatches: int | None,
+    virtual_stages: int | None,
+    balance: str,
+) -> Strategy:
+    """`strategy` with the command line's micro-batch flags: on a mesh with a `pp` axis the
+    pipeline's settings (`pipelined`); on a mesh without one, `--microbatches K` accumulates
+    the gradients of K micro-batches (strategy option `microbatches`), and
+    `--virtual-stages` is refused, naming the mesh."""
     if "pp" in strategy.mesh.axis_names:
-        return
-    if microbatches:
-        raise ShardlabError(
-            f"--microbatches {microbatches} needs a 'pp' mesh axis, and mesh {strategy.mesh} "
-            f"has none; to accumulate the gradients of {microbatches} micro-batches on it, "
-            f"write --mesh pp=1,{strategy.mesh}"
-        )
+        return pipelined(strategy, schedule, microbatches, virtual_stages, balance)
     if virtual_stages:
         raise ShardlabError(
             f"--virtual-stages {virtual_stages} needs a 'pp' mesh axis, and mesh "
             f"{strategy.mesh} has none"
         )
+    if microbatches is None or microbatches == 1:
+        return strategy
+    options = {**strategy.options, "microbatches": microbatches}
+    check_options(options, strategy.mesh)
+    return dataclasses.replace(strategy, options=options)
 
 
 def pipelined(

@@ -155,17 +155,22 @@ def with_pipeline(
     strategy: Strategy, schedule: str | None, microbatches: int | None, virtual_stages: int | None
 ) -> Strategy:
     """`strategy` with the command line's pipeline settings in its option `pipeline`, checked
-    against its mesh (the engine's defaults fill what is not given)."""
+    against its mesh (the engine's defaults fill what is not given); on a mesh without a
+    `pp` axis, `--microbatches K` accumulates the gradients of K micro-batches."""
     settings: dict[str, Any] = {"schedule": schedule} if schedule else {}
-    settings.update({"microbatches": microbatches} if microbatches is not None else {})
     settings.update({"virtual_stages": virtual_stages} if virtual_stages is not None else {})
     if "pp" not in strategy.mesh.axis_names:
         if settings:
             raise PipelineError(
-                "--schedule, --microbatches and --virtual-stages pipeline a mesh's 'pp' axis; "
+                "--schedule and --virtual-stages pipeline a mesh's 'pp' axis; "
                 f"mesh {strategy.mesh} has none"
             )
-        return strategy
+        if microbatches is None or microbatches == 1:
+            return strategy
+        options = {**strategy.options, "microbatches": microbatches}
+        check_options(options, strategy.mesh)
+        return dataclasses.replace(strategy, options=options)
+    settings.update({"microbatches": microbatches} if microbatches is not None else {})
     options = {**strategy.options, "pipeline": settings}
     check_options(options, strategy.mesh)  # a schedule or count it cannot run is named
     return dataclasses.replace(strategy, options=options)
@@ -175,6 +180,8 @@ def how_distributed(summary: dict[str, Any], default_schedule: bool) -> str:
     """The collectives of a flat plan, or the schedule, stages and micro-batches of a pipeline."""
     if "schedule" not in summary:
         return f"collectives {summary['collectives']}"
+    if summary["pp"] == 1 and summary["virtual_stages"] == 1:
+        return f"{summary['microbatches']} micro-batches accumulated, one optimizer step"
     chunks = summary["virtual_stages"]
     return (
         f"pipeline {summary['schedule']}"

@@ -273,7 +273,7 @@ def cost_pipeline_slots(
     stages = []
     for s in range(pp):
         sub = mesh.submesh(axis, s)
-        tail = _fragment_timeline(program, sorted(tails.get(s, [])), sub, cluster, table).step_time
+        tail = _tail_time(program, tails.get(s, []), units, assignment, s, sub, cluster, table)
         chunks = tuple(assignment.chunks_of_stage(s))
         stages.append(
             StageCost(
@@ -388,6 +388,32 @@ def _shape_key(
     except TypeError:
         return None
     return key
+
+
+def _tail_time(
+    program: DistProgram,
+    tail: Sequence[int],
+    units: dict[tuple[int, str], list[int]],
+    assignment: StageAssignment,
+    stage: int,
+    mesh: Mesh,
+    cluster: Cluster,
+    table: CalibrationTable | None,
+) -> float:
+    """Seconds stage `stage` spends after its last backward unit: the gradient reductions
+    and the optimizer step (its tail). A pipeline (Megatron-LM as in 2021) runs them after
+    the last backward; gradient accumulation (one stage) overlaps the reductions with the
+    last micro-batch's backward as Megatron-Core's `overlap_grad_reduce` and FSDP2 do, so
+    its tail is what the backward and the tail together take beyond the backward alone."""
+    alone = _fragment_timeline(program, sorted(tail), mesh, cluster, table).step_time
+    if assignment.pp > 1 or assignment.virtual_stages > 1 or not tail:
+        return alone
+    backward = sorted(units.get((0, "B"), []))
+    if not backward:
+        return alone
+    last = _fragment_timeline(program, backward, mesh, cluster, table).step_time
+    both = _fragment_timeline(program, sorted([*backward, *tail]), mesh, cluster, table)
+    return min(alone, max(0.0, both.step_time - last))
 
 
 def _fragment_timeline(

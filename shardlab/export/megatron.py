@@ -17,7 +17,7 @@ What is written, from the per-axis roles the DTensor export decides
   data-parallel size is what remains of the world size, as Megatron derives it.
 - batch: `--micro-batch-size` (per data-parallel rank and micro-batch) and
   `--global-batch-size` (the plan's batch; Megatron runs global / (micro x data-parallel)
-  micro-batches: the pipeline's, or gradient accumulation on a `pp=1` axis).
+  micro-batches: the pipeline's, or gradient accumulation: strategy option `microbatches`).
 - recomputation: `full` -> `--recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1` (every layer), `selective` -> `--recompute-granularity
   selective` (Megatron's selective recomputation is the attention core's, as Shardlab's).

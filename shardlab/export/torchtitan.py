@@ -27,7 +27,7 @@ What is written, from the per-axis roles the DTensor export decides
   or Megatron's GPT, and an imported graph does not say which torchtitan module holds it.
 - `--training.local_batch_size` (per data-parallel rank and accumulation step),
   `--training.global_batch_size` (the plan's batch: torchtitan accumulates gradients over
-  global / (local x data-parallel ranks) steps, the plan's micro-batches on a `pp=1` axis),
+  global / (local x data-parallel ranks) steps, the plan's accumulated micro-batches),
   `--training.seq_len`, `--training.mixed_precision_param` (the parameters' dtype; 16-bit
   parameters without float32 masters: `--training.dtype bfloat16`).
 - `--parallelism.data_parallel_replicate_degree` (data axes), `data_parallel_shard_degree`

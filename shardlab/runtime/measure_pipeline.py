@@ -81,7 +81,7 @@ def executable_pipeline(plan: Plan) -> PipelineProgram:
         o.schedule,
         boundaries,
         virtual_stages=a.virtual_stages,
-        mesh=plan.strategy.mesh,
+        mesh=plan.strategy.schedule_strategy().mesh,  # gradient accumulation: pp=1
         axis=PIPELINE_AXIS,
     )
     if pipeline.assignment.chunks != a.chunks:  # pragma: no cover - boundaries say it all

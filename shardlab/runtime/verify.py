@@ -245,10 +245,11 @@ def verify(
         plan = graph
     elif strategy is None:
         raise TypeError("verify(graph, strategy): a strategy is needed with a graph")
-    elif PIPELINE_AXIS in strategy.mesh.axis_names:
+    elif strategy.pipelined:  # a pp axis, or gradient accumulation (one stage)
         return _verify_pipelined(
-            graph, strategy, optimizer, lr, compute_dtype, seed, backend, device
-        )
+            graph, strategy.schedule_strategy(), optimizer, lr, compute_dtype, seed, backend,
+            device,
+        )  # fmt: skip
     else:
         plan = build_plan(graph, strategy, optimizer=optimizer, lr=lr)
     tg, program = plan.training, plan.program

@@ -97,16 +97,18 @@ class Candidate:
     @property
     def accumulates(self) -> bool:
         """Gradient accumulation: no pipeline stages, the batch cut into micro-batches run
-        one after another (a pipeline of one stage, `pp=1`), one optimizer step."""
-        return self.mesh.pp == 1 and bool(self.microbatches)
+        one after another, one optimizer step (strategy option `microbatches`)."""
+        return self.mesh.pp == 1 and bool(self.microbatches) and self.microbatches != 1
 
     def mesh_text(self) -> str:
-        """The mesh as the strategy takes it (`pp=1,...` where gradients accumulate)."""
-        return f"pp=1,{self.mesh.text()}" if self.accumulates else self.mesh.text()
+        """The mesh as the strategy takes it."""
+        return self.mesh.text()
 
     def options(self) -> dict[str, Any]:
         out: dict[str, Any] = {"recompute": self.recompute}
-        if self.mesh.pp > 1 or self.accumulates:
+        if self.accumulates:
+            out["microbatches"] = self.microbatches
+        elif self.mesh.pp > 1:
             pipeline: dict[str, Any] = {
                 "schedule": self.schedule,
                 "microbatches": self.microbatches,

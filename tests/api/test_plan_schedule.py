@@ -73,3 +73,32 @@ def test_a_plan_without_pipeline_has_no_schedule(client: TestClient, settings: S
     run_jobs(settings)
     body = assert_error(client.get(f"/api/plans/{plan_id}/schedule"), 404, "not_found")
     assert f"/api/plans/{plan_id}/timeline" in body["message"]
+
+
+def test_an_accumulated_plan_keeps_its_flat_mesh(client: TestClient, settings: Settings) -> None:
+    """Gradient accumulation through the API: strategy option `microbatches` on dp=2, built
+    by the worker as a schedule of one stage; the plan says accumulation, not a pipeline."""
+    model = client.post("/api/models", json={"name": "tiny-acc", "preset": "llama3-8b",
+                                              "overrides": {**TINY, "batch": 8}})  # fmt: skip
+    assert model.status_code == 201, model.text
+    strategy = client.post("/api/strategies", json={
+        "name": "acc", "mesh": "dp=2", "templates": ["dp", "zero1"],
+        "options": {"microbatches": 2}})  # fmt: skip
+    assert strategy.status_code == 201, strategy.text
+    body = {"model_id": model.json()["id"], "strategy_id": strategy.json()["id"],
+            "cluster": "h100-sxm-1x8"}  # fmt: skip
+    plan_id = client.post("/api/plans", json=body).json()["id"]
+    assert run_jobs(settings) == 1
+    plan = _get(client, f"/api/plans/{plan_id}")
+    assert plan["status"] == "succeeded", plan
+    summary = plan["summary"]
+    assert summary["mesh"] == "dp=2"
+    pipeline = summary["pipeline"]
+    assert pipeline["accumulation"] is True and pipeline["microbatches"] == 2
+    assert pipeline["pp"] == 1 and len(pipeline["stages"]) == 1
+    stage = pipeline["stages"][0]
+    assert (
+        pipeline["step_time_s"]
+        == sum(2 * (f + b) for f, b in zip(stage["forward_s"], stage["backward_s"], strict=True))
+        + stage["tail_s"]
+    )

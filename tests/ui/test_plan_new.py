@@ -202,6 +202,29 @@ def test_recomputation_and_a_pipeline_from_the_form(page: Page, server: Server) 
     expect(page.get_by_role("region", name="pipeline")).to_contain_text("bubble")
 
 
+def test_gradient_accumulation_from_the_form(page: Page, server: Server) -> None:
+    """On a mesh without a pp axis the form offers gradient accumulation: the strategy gets
+    option `microbatches`, and the plan page shows the step as micro-batches plus what
+    follows the last one, with the activations of one micro-batch."""
+    tiny = model_id(server, "plan-new-tiny", "llama3-8b", TINY_LLAMA)
+    page.goto("/#/plans/new")
+    fill(page, tiny, "h100-sxm-1x4", [("pp", 2), ("dp", 2)], ("dp",))
+    accumulate = page.get_by_label("Gradient accumulation steps")
+    expect(accumulate).to_be_hidden()  # a pipeline counts its own micro-batches
+    fill(page, tiny, "h100-sxm-1x4", [("dp", 2)], ())
+    expect(accumulate).to_be_visible()
+    accumulate.fill("2")
+    page.get_by_role("button", name="Create plan").click()
+    expect(page).to_have_url(re.compile(r"#/plans/\d+$"), timeout=60_000)
+    plan = server.api("GET", f"/api/plans/{int(page.url.rsplit('/', 1)[1])}")
+    strategy = server.api("GET", f"/api/strategies/{plan['strategy_id']}")
+    assert strategy["mesh"] == "dp=2" and strategy["options"]["microbatches"] == 2
+    section = page.get_by_role("region", name="gradient accumulation")
+    expect(section).to_contain_text("2 micro-batches one after another")
+    expect(section).to_contain_text("(one micro-batch)")
+    screenshot(page, "plan_accumulation")
+
+
 def test_batch_and_sequence_length_make_the_model(page: Page, server: Server) -> None:
     tiny = model_id(server, "plan-new-tiny", "llama3-8b", TINY_LLAMA)
     page.goto("/#/plans/new")

@@ -57,15 +57,25 @@ def test_errors_exit_1_with_the_culprit() -> None:
     assert result.exit_code == 1 and "no value 'nope'" in result.output
 
 
-def test_pipeline_flags_on_a_mesh_without_pp_are_refused_not_ignored() -> None:
-    """`--microbatches 2` on a flat mesh was silently ignored (issue 34): it is refused,
-    saying how to accumulate gradients on that mesh; so is `--virtual-stages`."""
-    small = ["llama3-8b", "--set", "layers=2", "--mesh", "dp=8", "--template", "dp"]
+def test_microbatches_on_a_mesh_without_pp_accumulate_gradients() -> None:
+    """`--microbatches 2` on a flat mesh was silently ignored (issue 34): it accumulates the
+    gradients of 2 micro-batches (strategy option `microbatches`); `--virtual-stages` is
+    refused, naming the mesh."""
+    small = ["llama3-8b", "--set", "layers=2", "--set", "batch=32", "--mesh", "dp=8",
+             "--template", "dp"]  # fmt: skip
+    result = runner.invoke(
+        app, ["plan", *small, "--cluster", "h100-sxm-1x8", "--microbatches", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "gradient accumulation: 2 micro-batches one after another" in result.output
+    assert "(one micro-batch)" in result.output and "pp=1" not in result.output
+    check = ["check", *small, "--local", "--cluster", "h100-sxm-1x8", "--json"]
+    result = runner.invoke(app, [*check, "--microbatches", "2"])
+    assert result.exit_code == 0, result.output
     for command in (["plan", *small], ["check", *small, "--local", "--cluster", "h100-sxm-1x8"]):
-        result = runner.invoke(app, [*command, "--microbatches", "2"])
-        assert result.exit_code != 0, result.output
-        assert "--microbatches 2 needs a 'pp' mesh axis, and mesh dp=8 has none" in result.output
-        assert "write --mesh pp=1,dp=8" in result.output
+        result = runner.invoke(app, [*command, "--microbatches", "0"])
+        assert result.exit_code != 0
+        assert "option 'microbatches' must be a positive integer, got 0" in result.output
         result = runner.invoke(app, [*command, "--virtual-stages", "2"])
         assert result.exit_code != 0
         assert "--virtual-stages 2 needs a 'pp' mesh axis" in result.output

@@ -150,7 +150,7 @@ def test_interleaved_pipeline_and_selective_recompute() -> None:
 
 
 def test_accumulation_on_a_flat_mesh() -> None:
-    _, args = transformer_config(tiny_plan("pp=1,dp=2", ["dp"], pipeline={"microbatches": 2}))
+    _, args = transformer_config(tiny_plan("dp=2", ["dp"], microbatches=2))
     assert (args.micro_batch_size, args.global_batch_size) == (2, 8)  # 2 x 2 ranks x 2 steps
 
 

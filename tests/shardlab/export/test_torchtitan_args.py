@@ -51,7 +51,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, Any], dict[str, Any]]] = {
     "selective": ("tp=2", ["megatron_tp"], {"recompute": "selective"},
                   {"tp": 2, "sp": False, "ac": SelectiveAC.Config}),
     "zero2": ("dp=2", ["dp", "zero2"], {}, {"shard": 2, "reshard": "never", "local": 4}),
-    "accumulate": ("pp=1,dp=2", ["fsdp"], {"pipeline": {"microbatches": 2}},
+    "accumulate": ("dp=2", ["fsdp"], {"microbatches": 2},
                    {"shard": 2, "local": 2, "global": 8}),
 }  # fmt: skip
 

@@ -72,9 +72,10 @@ def test_leaner_recipes_trade_time_for_memory_in_order():
     steps = [(c.recompute, c.microbatches) for c in leaner(base, shape)]
     assert steps == [("selective", None), ("none", 2)]
     accumulating = leaner(base, shape)[1]
-    assert accumulating.strategy().mesh.axis_names == ("pp", "dp")
+    assert accumulating.strategy().mesh.axis_names == ("dp",)
+    assert accumulating.strategy().accumulation == 2
     assert accumulating.label() == "dp=8 dp, 2 micro-batches accumulated"
-    assert accumulating.to_json()["mesh"] == "pp=1,dp=8"
+    assert accumulating.to_json()["mesh"] == "dp=8"
     assert [c.microbatches for c in leaner(accumulating, shape)] == [2, 4]
     assert [c.microbatches for c in leaner(leaner(accumulating, shape)[1], shape)] == [4]
     assert leaner(Candidate(Mesh3(1, 1, 8), None, True, "full")) == []
