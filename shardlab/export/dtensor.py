@@ -29,7 +29,11 @@ parameter's actual placements (`export.parameters`), never from template names a
   replicated DTensor (`SequenceParallelGathered`, the generated module's SequenceParallel
   that gathers its output: one all-gather forward and one reduce-scatter backward; a
   replicated norm: `PrepareModuleOutput`, one all-reduce of the summed gradient), where
-  each module converting its own input would gather it once per module. A sequence-sharded
+  each module converting its own input would gather it once per module (the final norm
+  gathers for the head alone too). Autograd keeps each such gathered activation as its
+  sequence shard and gathers it again in backward for the weight gradients
+  (`keep_shards_for_backward`: saved-tensor hooks), as the plan does after Megatron-LM, so the
+  module's collectives and activation memory are the plan's. A sequence-sharded
   output (the embedding's and the row-parallel modules' under sequence parallelism) is kept
   a DTensor (`use_local_output=False`), as `SequenceParallel` keeps the norms' outputs: the
   residual stream then has its global shape, which models read (Hugging Face numbers the
@@ -133,6 +137,14 @@ class DTensorExport:
     module_notes: list[str] = field(default_factory=list)
     #: the plan reads the loss's logits replicated on the tp axis (no vocab-parallel loss)
     loss_gathered: bool = True
+
+    @property
+    def regathers(self) -> bool:
+        """Whether norms hand column-parallel modules their sequence-sharded output gathered
+        (`SequenceParallelGathered`): autograd then keeps each one's shard and gathers it
+        again in backward for the weight gradients, as the plan does (Megatron-LM's
+        sequence parallelism)."""
+        return any(s.cls == "SequenceParallelGathered" for s in self.tp_plan.values())
 
 
 def _axis_index(plan: Plan, axis: str) -> int:
@@ -303,7 +315,9 @@ def _gather_once(
     forward, one reduce-scatter backward; a replicated norm's output through
     `PrepareModuleOutput`: one all-reduce of the summed input gradient in backward), and the
     readers take it as it is. Each reader converting its own input would gather it (or
-    all-reduce its gradient) once per reader."""
+    all-reduce its gradient) once per reader. A sequence-parallel norm gathers for a single
+    reader too (the final norm for the head), so that every gathered activation is one the
+    generated module keeps as its shard for backward (`DTensorExport.regathers`)."""
     graph = plan.completed.graph
     readers: dict[str, list[str]] = {}
     for module, style in out.tp_plan.items():
@@ -321,7 +335,7 @@ def _gather_once(
             producers[reader[1]] = module
     for value, modules in readers.items():
         norm = producers.get(value)
-        if len(modules) < 2 or norm is None:
+        if norm is None:
             continue
         inside = [op for op in graph.consumers(value) if op.role == OpRole.FORWARD]
         if not all(any(op.scope == m or op.scope.startswith(m + ".") for m in modules)
@@ -330,7 +344,7 @@ def _gather_once(
         own = out.tp_plan.get(norm)
         if own is not None and own.cls == "SequenceParallel":
             out.tp_plan[norm] = Style("SequenceParallelGathered")
-        elif own is None and _on(plan, value, axis) == Replicate():
+        elif own is None and len(modules) > 1 and _on(plan, value, axis) == Replicate():
             out.tp_plan[norm] = Style("PrepareModuleOutput", (
                 ("output_layouts", "Replicate()"), ("desired_output_layouts", "Replicate()"),
                 ("use_local_output", "False"),

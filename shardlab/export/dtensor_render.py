@@ -15,6 +15,9 @@ The generated module is ruff-clean, imports only torch, and holds:
   on its output (dim 1) or input (dim 0) features;
 - `SequenceParallelGathered`: `SequenceParallel` whose output is gathered once (to a
   replicated DTensor) for the column-parallel modules reading it, as the plan gathers it;
+  with it `keep_shards_for_backward(model)`: saved-tensor hooks that have autograd keep
+  each gathered activation as its sequence shard and gather it again, once for all its
+  readers, when the backward first needs it (the plan's, Megatron-LM's re-gather);
 - `LOSS_PARALLEL`: the model returns vocab-sharded logits (a DTensor), whose loss is
   computed inside `torch.distributed.tensor.parallel.loss_parallel()`;
 - `FSDP_TAIL` (the modules after the last layer: one FSDP unit, gathered again for
@@ -105,11 +108,13 @@ def _imports(export: DTensorExport) -> list[str]:
     needs_shard = (
         conv1d or any("Shard(" in s.code() for s in export.tp_plan.values()) or export.fsdp_dims
     )
+    regathers = export.regathers
     out = ["from __future__ import annotations", ""]
+    out += ["import weakref"] if regathers else []
     out += ["from functools import partial"] if conv1d else []
     out += ["from typing import Any", ""] if styles else []
     mixed = export.param_dtype is not None
-    out += ["import torch"] if export.mesh_ranks or mixed else []
+    out += ["import torch"] if export.mesh_ranks or mixed or regathers else []
     out.append("from torch import nn")
     if export.recompute == "full":
         out.append(
@@ -124,7 +129,8 @@ def _imports(export: DTensorExport) -> list[str]:
         fsdp_names = ["MixedPrecisionPolicy"] if mixed else []
         fsdp_names += ["fully_shard"] if export.fsdp_axis is not None else []
         out.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
-    needs = (("DTensor", gathered), ("Replicate", needs_replicate), ("Shard", needs_shard))
+    needs = (("DTensor", gathered or regathers), ("Placement", regathers),
+             ("Replicate", needs_replicate or regathers), ("Shard", needs_shard))  # fmt: skip
     tensor_names = [n for n, need in needs if need]
     tensor_names += ["distribute_module", "distribute_tensor"] if conv1d else []
     if tensor_names:
@@ -234,12 +240,92 @@ class SequenceParallelGathered(SequenceParallel):
     def _prepare_output_fn(
         use_local_output: bool, mod: nn.Module, outputs: DTensor, device_mesh: DeviceMesh
     ) -> DTensor:
-        return outputs.redistribute(device_mesh, (Replicate(),))
+        return regather_in_backward(outputs, outputs.redistribute(device_mesh, (Replicate(),)))
+'''
+
+
+#: the generated module's saved-tensor hooks: autograd keeps each gathered sequence-parallel
+#: activation as its shard and gathers it again in backward (module docstring)
+REGATHER_CODE = '''
+
+class _KeptShard:
+    """What autograd keeps of an all-gathered sequence-parallel activation: its sequence
+    shard, gathered again on the first use in backward and shared by all its readers."""
+
+    def __init__(self, shard: DTensor, placements: tuple[Placement, ...]) -> None:
+        self.shard, self.placements = shard.detach(), placements
+        self.readers = 0
+        self.full: DTensor | None = None
+
+    def unpack(self, shape: torch.Size) -> DTensor:
+        if self.full is None:
+            with torch.no_grad():
+                self.full = self.shard.redistribute(self.shard.device_mesh, self.placements)
+        full, self.readers = self.full, self.readers - 1
+        if self.readers <= 0:
+            self.full = None
+        return full.view(shape)
+
+
+#: during a forward: storage of a gathered activation -> (its local tensor, its kept shard)
+_GATHERED: dict[int, tuple[weakref.ref[torch.Tensor], _KeptShard]] = {}
+_IN_FORWARD = [False]
+
+
+def regather_in_backward(shard: DTensor, gathered: DTensor) -> DTensor:
+    """`gathered` (all-gathered from `shard`), which autograd keeps as `shard` for backward
+    and gathers again there (Megatron-LM's sequence parallelism, as the plan does)."""
+    local = gathered._local_tensor
+    if _IN_FORWARD[0] and type(local) is torch.Tensor and local.numel():
+        kept = _KeptShard(shard, gathered.placements)
+        _GATHERED[local.untyped_storage().data_ptr()] = (weakref.ref(local), kept)
+    return gathered
+
+
+def _pack(saved: torch.Tensor) -> Any:
+    """A saved DTensor that is the whole of a gathered activation (or a view of all of it):
+    its kept shard instead; anything else as it is."""
+    local = saved._local_tensor if isinstance(saved, DTensor) else None
+    if type(local) is not torch.Tensor or not local.numel():
+        return saved
+    entry = _GATHERED.get(local.untyped_storage().data_ptr())
+    gathered = entry[0]() if entry is not None else None
+    if entry is None or gathered is None or gathered.numel() != local.numel():
+        return saved
+    if not local.is_contiguous() or local.storage_offset() != gathered.storage_offset():
+        return saved
+    entry[1].readers += 1
+    return entry[1], saved.shape
+
+
+def _unpack(packed: Any) -> torch.Tensor:
+    return packed[0].unpack(packed[1]) if isinstance(packed, tuple) else packed
+
+
+def keep_shards_for_backward(model: nn.Module) -> None:
+    """During `model`'s forward, autograd saves each gathered sequence-parallel activation
+    as its shard (saved-tensor hooks)."""
+    active: list[Any] = []
+
+    def enter(module: nn.Module, args: Any) -> None:
+        _IN_FORWARD[0] = True
+        active.append(torch.autograd.graph.saved_tensors_hooks(_pack, _unpack))
+        active[-1].__enter__()
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        active.pop().__exit__(None, None, None)
+        _IN_FORWARD[0] = False
+        _GATHERED.clear()
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)
 '''
 
 
 def _tp_plan(export: DTensorExport) -> list[str]:
     out = CONV1D_STYLES.split("\n") if _conv1d(export) else []
+    if export.regathers:
+        out += REGATHER_CODE.split("\n")
     if any(s.cls in _OWN_STYLES for s in export.tp_plan.values()):
         out += GATHERED_STYLE.split("\n")
     out += ["", "def tp_plan() -> dict[str, Any]:"]
@@ -303,6 +389,8 @@ def _body(export: DTensorExport) -> list[str]:
     out.append("    mesh = world_mesh if world_mesh is not None else build_mesh(device_type)")
     if export.tp_axis is not None:
         out.append("    parallelize_module(model, mesh[TP_AXIS], tp_plan())")
+        if export.regathers:
+            out.append("    keep_shards_for_backward(model)")
         if export.tied:
             out += [
                 "    for alias, source in TIED.items():  # the styles untied them: tie again",

@@ -62,10 +62,11 @@ def test_megatron_tp_columns_rows_vocab_and_head() -> None:
 
 def test_sequence_parallel_norms_and_layouts() -> None:
     got = styles(tiny_plan("tp=2", ["megatron_tp", "sequence_parallel"]))
-    # a norm read by several column-parallel modules gathers its output once for them
-    for norm in ("layers.0.attn_norm", "layers.1.mlp_norm"):
+    # a norm read by several column-parallel modules gathers its output once for them; the
+    # final norm gathers it for lm_head too: every gathered activation is then kept as its
+    # shard for backward and gathered again there, as the plan does
+    for norm in ("layers.0.attn_norm", "layers.1.mlp_norm", "final_norm"):
         assert got[norm] == "SequenceParallelGathered()"
-    assert got["final_norm"] == "SequenceParallel()"
     assert got["layers.0.attn.q_proj"] == got["layers.1.mlp.up_proj"] == "ColwiseParallel()"
     # the sequence-sharded residual stream stays a DTensor (its global shape)
     local = "use_local_output=False"
@@ -73,9 +74,9 @@ def test_sequence_parallel_norms_and_layouts() -> None:
     assert got["embed"] == (
         f"RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), {local})"
     )
-    assert got["lm_head"] == (
-        "ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)"
-    )
+    assert got["lm_head"] == "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)"
+    text = render_dtensor(tiny_plan("tp=2", ["megatron_tp", "sequence_parallel"]))
+    assert "keep_shards_for_backward(model)" in text
 
 
 def test_fsdp_units_and_shard_dims_follow_the_plan() -> None:
@@ -165,9 +166,9 @@ def hf_plan(mesh: str, templates: list[str]) -> Plan:
 def test_hf_llama_names_take_the_styles_of_their_placements() -> None:
     got = styles(hf_plan("tp=2", ["megatron_tp", "sequence_parallel"]))
     local = "use_local_output=False"
-    for norm in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm"):
+    for norm in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm",
+                 "model.norm"):  # fmt: skip
         assert got[norm] == "SequenceParallelGathered()"
-    assert got["model.norm"] == "SequenceParallel()"
     for proj in ("q_proj", "k_proj", "v_proj"):  # 2 kv heads: one per rank
         assert got[f"model.layers.1.self_attn.{proj}"] == "ColwiseParallel()"
     assert got["model.layers.0.self_attn.o_proj"] == (
@@ -178,9 +179,7 @@ def test_hf_llama_names_take_the_styles_of_their_placements() -> None:
     assert got["model.embed_tokens"] == (
         f"RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), {local})"
     )
-    assert got["lm_head"] == (
-        "ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)"
-    )
+    assert got["lm_head"] == "ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)"
     assert "model.rotary_emb" not in got and len(got) == 2 * 9 + 3
     plain = styles(hf_plan("tp=2", ["megatron_tp"]))
     assert plain["model.layers.0.mlp.down_proj"] == "RowwiseParallel()"
