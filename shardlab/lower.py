@@ -17,6 +17,9 @@ the norm output again for the weight gradient; FSDP gathers parameters again). A
 copy kept from the forward to the backward would hold memory the recipes free. A version
 made again in the backward is named `<value>@<spec>.bw`.
 
+The gradient of a parameter FSDP shards is reduced over the tensor-parallel axes first,
+then over FSDP's (`spmd.fsdp_grads.fsdp_stage`: FSDP2's order).
+
 Parameters gathered before use (FSDP, ZeRO-3) are prefetched one layer ahead, as FSDP does:
 the gathers a layer's ops need move up to right after the first op of the layer before
 (in the same phase) and wait for it, so at most two layers' gathered parameters are live
@@ -33,6 +36,7 @@ from shardlab.program import DistOp, DistProgram
 from shardlab.reshard import COLLECTIVES, CommStep, plan_transition
 from shardlab.scopes import layer_scope
 from shardlab.spmd.complete import CompletedGraph
+from shardlab.spmd.fsdp_grads import fsdp_stage, tensor_axes
 
 #: A program value and the program op that writes it ("" for graph inputs).
 _Version = tuple[str, str]
@@ -136,6 +140,7 @@ def lower(done: CompletedGraph) -> DistProgram:
             spec = specs[value.name] = done.specs[value.name]
             held[value.name] = _Held(spec, (value.name, ""))
     in_forward = True
+    tensor = tensor_axes(graph, done.constraints)
     for op in graph.ops:
         if in_forward and op.role == OpRole.BACKWARD:
             in_forward = False
@@ -171,8 +176,12 @@ def lower(done: CompletedGraph) -> DistProgram:
             if name != v:
                 why = f"completion places {v!r} as {done.specs[v]} (annotation or in-place state)"
                 record = held[v]
-                final = b.reshard(v, record, (name, op.name), done.specs[v], why, "placement",
-                                  op.scope)  # fmt: skip
+                version = (name, op.name)
+                stage = fsdp_stage(graph, done.constraints, tensor, v, specs[name], done.specs[v])
+                if stage is not None:
+                    first = f"{why}; FSDP2 reduces a gradient's tensor axes before its own"
+                    version = b.reshard(v, record, version, stage, first, "placement", op.scope)
+                final = b.reshard(v, record, version, done.specs[v], why, "placement", op.scope)
                 record.current = final[0]
     values = {v: record.current for v, record in held.items()}
     return DistProgram(b.mesh, _prefetch_source_gathers(b.ops), b.types, b.specs, values)

@@ -53,6 +53,7 @@ from shardlab.spmd.constraints import (
 from shardlab.spmd.cost import reshard_cost
 from shardlab.spmd.engine import infer
 from shardlab.spmd.folding import FoldedMap, Recorder, rename_text, slot_key, uniform_segments
+from shardlab.spmd.fsdp_grads import fsdp_managed, fsdp_parameter, tensor_axes, tensor_layout
 from shardlab.spmd.result import RuleResult
 from shardlab.strategy import Annotation, Strategy
 
@@ -174,6 +175,8 @@ class _Walk:
         )
         self.copies: dict[str, set[tuple[Placement, ...]]] = {}  # copies the lowering reuses
         self.constraints, self.backward = constraints, backward
+        #: the mesh axes tensor parallelism shards parameters on (`spmd.fsdp_grads`)
+        self.tensor_axes = tensor_axes(graph, constraints)
         #: the tables read by name as they are: placements, backward-step requests, the
         #: placements pinned for the optimizer and gathered for compute ops
         self.tables: dict[str, Mapping[str, Any]] = {
@@ -409,13 +412,19 @@ def _place_output(
         spec = state
     slot = w.constraint(name) or w.constraint(kept_name(name))  # a replay: as forward
     if slot:
-        wanted = constrained(spec, slot)
+        annotated = constrained(spec, slot)
+        wanted = _with_tensor_layout(w, name, annotated, slot)
         if wanted != spec:
+            fsdp = (
+                "; on the tensor axes as its parameter (FSDP2 reduces them first)"
+                if wanted != annotated
+                else ""
+            )
             trail.append(
                 Decision(
                     str(wanted),
                     "annotation",
-                    f"annotated {annotation_text(slot)}; "
+                    f"annotated {annotation_text(slot)}{fsdp}; "
                     f"{op.name!r} produces {spec}, resharded after the op",
                     op.name,
                 )
@@ -434,13 +443,35 @@ def _hint(w: _Walk, name: str) -> tuple[Placement | None, ...] | None:
         return requested.placements
     slot = w.constraint(name) or w.constraint(kept_name(name))
     if slot:  # a recomputed value is laid out like the value it replays
-        return tuple(slot[k][0] if k in slot else None for k in range(w.mesh.ndim))
+        layout = _fsdp_gradient_layout(w, name)
+        return tuple(slot[k][0] if k in slot else layout.get(k) for k in range(w.mesh.ndim))
     base = gradient_of(name)
     if base is not None and w.graph.value(name).kind == ValueKind.GRAD:
         spec = w.spec(base)
         if spec is not None:
             return tuple(None if isinstance(p, Partial) else p for p in spec.placements)
     return None
+
+
+def _fsdp_gradient_layout(w: _Walk, name: str) -> dict[int, Placement]:
+    """For the gradient of a parameter FSDP gathers before use: the parameter's placements
+    on the tensor axes, where FSDP2 has it before its reduce-scatter (`spmd.fsdp_grads`);
+    else nothing."""
+    param = fsdp_parameter(w.graph, name)
+    if param is None or not w.tensor_axes or not fsdp_managed(w.constraint(param)):
+        return {}
+    spec = w.spec(param)
+    return tensor_layout(spec, w.tensor_axes) if spec is not None else {}
+
+
+def _with_tensor_layout(w: _Walk, name: str, spec: DistSpec, slot: Mapping[int, Any]) -> DistSpec:
+    """`spec` with an FSDP gradient's tensor axes that its annotation leaves free laid out
+    as its parameter (`_fsdp_gradient_layout`)."""
+    layout = {k: p for k, p in _fsdp_gradient_layout(w, name).items() if k not in slot}
+    if not layout:
+        return spec
+    placements = tuple(layout.get(k, p) for k, p in enumerate(spec.placements))
+    return DistSpec(spec.mesh, placements)
 
 
 #: Sums: their rules take partial inputs together and count one reduction of the result.
