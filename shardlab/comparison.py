@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.cost.memory import layer_scope
+from shardlab.cost.model import PlanCost
+from shardlab.cost.pipeline_slots import PipelineSlotCost
 from shardlab.placement import DistSpec, Replicate
 from shardlab.plan import Plan
 from shardlab.summary import human_bytes
@@ -138,7 +140,7 @@ def compare(a: Plan, b: Plan, a_label: str = "", b_label: str = "") -> Compariso
         warnings=warnings,
         memory=_memory(a, b),
         collectives=_collectives(a, b),
-        scopes=_pairs(_time_by_scope(a), _time_by_scope(b)),
+        scopes=_pairs(_time_by_scope(a), _time_by_scope(b)) if a.cost and b.cost else [],
         ops=_largest_first(_pairs(_op_times(a), _op_times(b), both=True))[:TOP_OPS],
         placements=_placements(a, b),
     )
@@ -178,23 +180,35 @@ def _headline(a: Plan, b: Plan) -> list[Delta]:
     rows = [Delta("program ops", len(a.program.ops), len(b.program.ops)),
             Delta("comm bytes per rank", a.program.comm_bytes_per_rank(),
                   b.program.comm_bytes_per_rank(), "B")]  # fmt: skip
-    if a.cost and b.cost:
-        ca, cb = a.cost, b.cost
-        exposed = ca.timeline.exposed_comm(0), cb.timeline.exposed_comm(0)
+    sa, sb = _step_cost(a), _step_cost(b)
+    if sa is not None and sb is not None:
         rows += [
-            Delta("step time (s)", ca.step_time, cb.step_time, "s"),
-            Delta("MFU", ca.mfu, cb.mfu, "%"),
-            Delta("tokens/s", ca.tokens_per_second, cb.tokens_per_second, "tok/s"),
-            Delta("exposed comm (s)", *exposed, "s"),
+            Delta("step time (s)", sa.step_time, sb.step_time, "s"),
+            Delta("MFU", sa.mfu, sb.mfu, "%"),
+            Delta("tokens/s", sa.tokens_per_second, sb.tokens_per_second, "tok/s"),
         ]
+    if a.cost and b.cost:
+        exposed = a.cost.timeline.exposed_comm(0), b.cost.timeline.exposed_comm(0)
+        rows.append(Delta("exposed comm (s)", *exposed, "s"))
     return rows
 
 
+def _step_cost(plan: Plan) -> PlanCost | PipelineSlotCost | None:
+    """The plan's step figures: a flat plan's cost, or its schedule's (a pipeline, or
+    gradient accumulation)."""
+    if plan.cost is not None:
+        return plan.cost
+    return plan.pipeline.cost if plan.pipeline is not None else None
+
+
 def _memory(a: Plan, b: Plan) -> list[Delta]:
-    if not (a.cost and b.cost):
+    sa, sb = _step_cost(a), _step_cost(b)
+    if sa is None or sb is None:
         return []
+    rows = [Delta("peak", sa.peak_memory_bytes, sb.peak_memory_bytes, "B")]
+    if not (a.cost and b.cost):  # a schedule's memory is per stage (`plan --json`)
+        return rows
     ma, mb = a.cost.memory, b.cost.memory
-    rows = [Delta("peak", ma.peak_bytes, mb.peak_bytes, "B")]
     for cat in sorted(set(ma.breakdown_at_peak) | set(mb.breakdown_at_peak)):
         rows.append(
             Delta(

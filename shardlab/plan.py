@@ -147,6 +147,11 @@ class Plan:
             **({"pipeline": self.pipeline.summary()} if self.pipeline else {}),
         }
 
+    def _cluster_json(self) -> dict[str, Any] | None:
+        """The cluster the plan was costed on (a flat plan's, or its schedule's), or None."""
+        cost = self.cost or (self.pipeline.cost if self.pipeline is not None else None)
+        return cost.cluster.to_json() if cost is not None else None
+
     def to_json(self) -> dict[str, Any]:
         """The plan's inputs (model, strategy, optimizer, cluster) and its summary."""
         return {
@@ -155,7 +160,7 @@ class Plan:
             "strategy": self.strategy.to_json(),
             "optimizer": self.optimizer,
             "lr": self.lr,
-            "cluster": self.cost.cluster.to_json() if self.cost else None,
+            "cluster": self._cluster_json(),
             "summary": self.summary(),
         }
 

@@ -5,11 +5,14 @@ verified against one device."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from shardlab.comparison import compare
 from shardlab.cost.pipeline_slots import _fragment_timeline
 from shardlab.models import build_model
-from shardlab.plan import build_plan
+from shardlab.plan import build_plan, load_plan, save_plan
 from shardlab.runtime.verify import verify
 from shardlab.strategy import Strategy, StrategyError
 
@@ -86,3 +89,20 @@ def test_accumulated_step_matches_one_device(mesh: str, templates: list[str], ba
     assert report.ok, report.first_divergence
     assert report.summary["microbatches"] == 2 and report.summary["pp"] == 1
     assert report.summary["compared"] > 100
+
+
+def test_compare_weighs_accumulation_against_the_whole_batch(tmp_path: Path) -> None:
+    """A saved accumulated plan keeps its cluster (a schedule's cost holds it) and loads
+    costed; compare shows both steps and peaks: 4 micro-batches of llama3-8b (2 layers) on
+    dp=8 with ZeRO-1 take 0.5% longer than the whole batch and hold 44% of its peak."""
+    model = build_model("llama3-8b", {"layers": 2, "batch": 64})
+    flat = build_plan(model, Strategy.build("dp=8", ["dp", "zero1"]), cluster="h100-sxm-1x8")
+    accumulated = Strategy.build("dp=8", ["dp", "zero1"], options={"microbatches": 4})
+    saved = save_plan(build_plan(model, accumulated, cluster="h100-sxm-1x8"), tmp_path / "b.json")
+    loaded = load_plan(saved)
+    assert loaded.pipeline is not None and loaded.pipeline.cost is not None
+    rows = {d.name: d for d in compare(flat, loaded, "a", "b").headline}
+    step = rows["step time (s)"]
+    assert step.b / step.a == pytest.approx(1.0046, abs=0.001)
+    memory = {d.name: d for d in compare(flat, loaded, "a", "b").memory}
+    assert memory["peak"].b / memory["peak"].a == pytest.approx(0.436, abs=0.002)
