@@ -36,6 +36,7 @@ from shardlab.program import DistProgram
 from shardlab.rebatch import microbatch_model
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy, StrategyError
+from shardlab.templates import REDUCE_EVERY_MICROBATCH
 
 #: The mesh axis a pipeline splits the layers along.
 PIPELINE_AXIS = "pp"
@@ -148,6 +149,9 @@ def build_pipelined(
             schedule=options.schedule,
             microbatches=options.microbatches,
             axis=PIPELINE_AXIS,
+            reduce_each_microbatch=any(
+                t.name in REDUCE_EVERY_MICROBATCH for t in strategy.templates
+            ),
         )
     config = dict(strategy.options.get("passes") or {}) if passes else {}
     one_stage = pp == 1 and options.virtual_stages == 1  # gradient accumulation

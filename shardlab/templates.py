@@ -390,6 +390,11 @@ def resolve_template(text: str, mesh: Mesh) -> TemplateUse:
 #: templates that shard what data parallelism replicates: they apply after the others, so
 #: that they see which dims tensor and sequence parallelism shard (in any written order)
 DATA_SHARDING = ("fsdp", "zero1", "zero2", "zero3")
+#: Recipes that reduce every micro-batch's gradients when they accumulate (FSDP2 under
+#: torchtitan's trainer, DeepSpeed ZeRO-2/3: the sharded gradient is what they keep); the
+#: others (DDP, Megatron's distributed optimizer: `zero1`) reduce once, after the last
+#: micro-batch, from a whole gradient buffer.
+REDUCE_EVERY_MICROBATCH = ("fsdp", "zero2", "zero3")
 
 
 def template_annotations(

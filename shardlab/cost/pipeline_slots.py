@@ -242,9 +242,12 @@ def cost_pipeline_slots(
     microbatches: int = 1,
     axis: str = "pp",
     table: CalibrationTable | None = None,
+    reduce_each_microbatch: bool = False,
 ) -> PipelineSlotCost:
     """The step of `program` (one micro-batch, lowered on `mesh` without `axis`) pipelined
-    over `axis` with `schedule` (module docstring)."""
+    over `axis` with `schedule` (module docstring). `reduce_each_microbatch`: gradient
+    accumulation whose recipe reduces every micro-batch's gradients (FSDP, ZeRO-2/3:
+    `templates.REDUCE_EVERY_MICROBATCH`), each reduction overlapping its own backward."""
     pp, v = assignment.pp, assignment.virtual_stages
     check_schedule(schedule, pp, microbatches, v)
     check_mesh_fits(mesh, cluster)
@@ -271,9 +274,14 @@ def cost_pipeline_slots(
     tied = _tied_reduces(program, split, mesh, axis, cluster, ends)
     tied_end = [max((t.end_s for t in tied if s in t.stages), default=0.0) for s in range(pp)]
     stages = []
+    every = 0.0  # seconds each micro-batch but the last adds: its exposed reductions
+    if reduce_each_microbatch and pp == 1 and v == 1:
+        every = _reductions_per_microbatch(program, tails.get(0, []), units, mesh.submesh(axis, 0),
+                                           cluster, table)  # fmt: skip
     for s in range(pp):
         sub = mesh.submesh(axis, s)
         tail = _tail_time(program, tails.get(s, []), units, assignment, s, sub, cluster, table)
+        tail += every * (microbatches - 1)
         chunks = tuple(assignment.chunks_of_stage(s))
         stages.append(
             StageCost(
@@ -414,6 +422,30 @@ def _tail_time(
     last = _fragment_timeline(program, backward, mesh, cluster, table).step_time
     both = _fragment_timeline(program, sorted([*backward, *tail]), mesh, cluster, table)
     return min(alone, max(0.0, both.step_time - last))
+
+
+def _reductions_per_microbatch(
+    program: DistProgram,
+    tail: Sequence[int],
+    units: dict[tuple[int, str], list[int]],
+    mesh: Mesh,
+    cluster: Cluster,
+    table: CalibrationTable | None,
+) -> float:
+    """Seconds the gradient reductions of one micro-batch add to its backward where the
+    recipe reduces every micro-batch (FSDP2 reduce-scatters after each backward and sums
+    the shards): the backward unit with the tail's collectives, less the backward alone."""
+    backward = sorted(units.get((0, "B"), []))
+    reductions = [i for i in tail if program.ops[i].kind in GRADIENT_REDUCTIONS]
+    if not backward or not reductions:
+        return 0.0
+    alone = _fragment_timeline(program, backward, mesh, cluster, table).step_time
+    both = _fragment_timeline(program, sorted([*backward, *reductions]), mesh, cluster, table)
+    return max(0.0, both.step_time - alone)
+
+
+#: The collectives that reduce gradients over the data-parallel ranks.
+GRADIENT_REDUCTIONS = frozenset({"reduce_scatter", "all_reduce"})
 
 
 def _fragment_timeline(

@@ -106,3 +106,23 @@ def test_compare_weighs_accumulation_against_the_whole_batch(tmp_path: Path) -> 
     assert step.b / step.a == pytest.approx(1.0046, abs=0.001)
     memory = {d.name: d for d in compare(flat, loaded, "a", "b").memory}
     assert memory["peak"].b / memory["peak"].a == pytest.approx(0.436, abs=0.002)
+
+
+def test_fsdp_and_zero2_reduce_every_micro_batch_zero1_once() -> None:
+    """torchtitan's trainer leaves FSDP2's gradient sync on for every accumulation step (it
+    reduce-scatters each micro-batch and keeps the sharded sum), DeepSpeed ZeRO-2 does the
+    same; Megatron's distributed optimizer (zero1) reduces once, from its whole buffer. So
+    the time after the last backward grows with the micro-batches under FSDP and ZeRO-2 by
+    what one micro-batch's reductions add to its backward, and not under ZeRO-1."""
+    model = build_model("llama3-8b", {"layers": 2, "batch": 64})
+    tails = {}
+    for templates in (["dp", "zero1"], ["fsdp"], ["dp", "zero2"]):
+        for k in (2, 4):
+            s = Strategy.build("dp=8", templates, options={"microbatches": k})
+            cost = build_plan(model, s, cluster="h100-sxm-1x8").pipeline.cost
+            assert cost is not None
+            tails[templates[-1], k] = cost.stages[0].tail_s
+    assert tails["zero1", 4] == pytest.approx(tails["zero1", 2], rel=1e-9)
+    for recipe in ("fsdp", "zero2"):
+        each = (tails[recipe, 4] - tails[recipe, 2]) / 2  # two more micro-batches
+        assert each > 0.005  # the head's gradient, reduced at the end of every backward
