@@ -139,6 +139,12 @@ class DTensorExport:
     loss_gathered: bool = True
 
     @property
+    def sequence_parallel(self) -> bool:
+        """Whether some norm keeps its output sequence-sharded on the tp axis
+        (`SequenceParallel`, or `SequenceParallelGathered`, which gathers it for its readers)."""
+        return any(s.cls.startswith("SequenceParallel") for s in self.tp_plan.values())
+
+    @property
     def regathers(self) -> bool:
         """Whether norms hand column-parallel modules their sequence-sharded output gathered
         (`SequenceParallelGathered`): autograd then keeps each one's shard and gathers it

@@ -178,7 +178,7 @@ def megatron_run(plan: Plan) -> ArgumentFile:
         ["--pipeline-model-parallel-size", str(pp)],
         ["--context-parallel-size", "1"],
     ]
-    if any(s.cls == "SequenceParallel" for s in export.tp_plan.values()):
+    if export.sequence_parallel:
         args.append(["--sequence-parallel"])
     if plan.pipeline is not None and pp > 1:
         args += _pipeline_args(plan, int(model_args[0][1]), notes)

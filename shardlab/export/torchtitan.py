@@ -260,7 +260,7 @@ def torchtitan_run(plan: Plan) -> ArgumentFile:
     if dtype in _HALF and not masters:
         args.append(["--training.dtype", "bfloat16"])
     args.append(["--training.mixed_precision_param", "bfloat16" if dtype in _HALF else "float32"])
-    sp = any(s.cls == "SequenceParallel" for s in export.tp_plan.values())
+    sp = export.sequence_parallel
     args += [
         ["--parallelism.data_parallel_replicate_degree", str(replicate)],
         ["--parallelism.data_parallel_shard_degree", str(shard)],

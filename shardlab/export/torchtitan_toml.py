@@ -80,9 +80,7 @@ def render_torchtitan_toml(plan: Plan) -> str:
             "from torchtitan's "
             "(pp, dp_replicate, dp_shard, tp): ranks are grouped differently."
         )
-    if export.tp_axis is not None and "SequenceParallel" not in {
-        s.cls for s in export.tp_plan.values()
-    }:
+    if export.tp_axis is not None and not export.sequence_parallel:
         comments.append(
             "# torchtitan's tensor parallelism includes sequence parallelism; this plan has none."
         )
