@@ -294,8 +294,9 @@ def test_cli_verify_runs_a_pp_mesh_as_a_pipeline(flags: list[str], says: str) ->
 @pytest.mark.parametrize(
     ("mesh", "flags", "message"),
     [
-        ("dp=2", ["--schedule", "gpipe"], "--schedule, --microbatches and --virtual-stages "
+        ("dp=2", ["--schedule", "gpipe"], "--schedule and --virtual-stages "
          "pipeline a mesh's 'pp' axis; mesh dp=2 has none"),
+        ("dp=2", ["--microbatches", "0"], "option 'microbatches' must be a positive integer"),
         ("pp=2,dp=2", ["--schedule", "zigzag"], "must be one of gpipe, 1f1b, interleaved"),
         ("pp=2,dp=2", ["--microbatches", "3"], "does not split into 3"),
     ],
