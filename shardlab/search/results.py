@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.search.evaluate import Evaluation
+from shardlab.search.identical import merge_identical, simplicity
 from shardlab.search.refine import Refinement
 from shardlab.search.space import Pruned
 
@@ -37,6 +38,12 @@ class SearchResult:
     #: how many candidates were screened on shallow copies of the model, and how far the
     #: screened figures were from the full plans of those planned after (`screen`)
     screening: dict[str, Any] | None = None
+
+    @property
+    def planned(self) -> int:
+        """How many candidates were planned in full: every row and the candidates merged
+        into it (`identical`)."""
+        return sum(1 + len(e.same_plan) for e in self.ranked)
 
     @property
     def feasible(self) -> list[Evaluation]:
@@ -110,6 +117,7 @@ class SearchResult:
             "gpus": self.gpus,
             "global_batch": self.global_batch,
             "seconds": self.seconds,
+            "planned": self.planned,
             "candidates": [e.to_json() for e in self.ranked],
             "pareto": [self.ranked.index(e) for e in self.pareto()],
             "pruned": [p.to_json() for p in self.pruned],
@@ -132,14 +140,17 @@ class SearchResult:
 
 
 def rank(evaluations: list[Evaluation]) -> list[Evaluation]:
-    """Fitting first, then by step time and memory; unplannable last."""
+    """Fitting first, then by step time and memory (the simpler recipe first among equals,
+    `identical.simplicity`); unplannable last; each plan once (`identical`: the candidates
+    with an identical plan are listed in its row)."""
 
-    def key(e: Evaluation) -> tuple[int, float, float]:
+    def key(e: Evaluation) -> tuple[int, float, float, tuple[int, ...]]:
         if e.error is not None:
-            return (2, 0.0, 0.0)
-        return (0 if e.fits else 1, e.step_time_s or 0.0, float(e.peak_memory_bytes or 0))
+            return (2, 0.0, 0.0, ())
+        return (0 if e.fits else 1, e.step_time_s or 0.0, float(e.peak_memory_bytes or 0),
+                simplicity(e.candidate))  # fmt: skip
 
-    return sorted(evaluations, key=key)
+    return merge_identical(sorted(evaluations, key=key))
 
 
 def _closest(ranked: list[Evaluation], skipped: list[Pruned]) -> str:
