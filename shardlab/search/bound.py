@@ -42,6 +42,17 @@ their optimizer state for the whole step, at least `P / (pp * tp)` elements
 leaves it (`state_bytes`). A candidate whose share alone exceeds the memory is not planned,
 and neither is any leaner recomputation of it (recomputation frees activations only).
 
+Siblings share their stages' work. On a mesh with pipeline stages, the data-parallel recipes
+`dp`, `zero1` and `zero2` run the same forward and backward units (the gradient reductions
+and the optimizer step wait for the tail, after the last backward), so the stages end their
+units at the same moment (`stages_end_s`), and only their tails differ; FSDP runs the same
+units with its parameters gathered on top (more work, never less). So a pipelined
+candidate's step is at least the `stages_end_s` of a sibling planned before it (the same
+mesh, schedule, micro-batches, sequence parallelism and recomputation; for FSDP any
+recipe, for the others any but FSDP): `sibling_work`, `sibling_bound`. A screened sibling's
+counts less the screening margin. Tested against every pipelined candidate of two small
+spaces (`tests/shardlab/search/test_bound.py`).
+
 Every term the bound leaves out (communication, the embedding and head's imbalance, the
 optimizer) makes the true step longer. The search still keeps `SLACK` in hand, for a
 calibrated compute table whose measured curves need not be monotone. The bound is tested
@@ -202,3 +213,67 @@ def pipeline_basis(candidate: Candidate, work: dict[int, FlatWork], layers: int)
     if k * c.mesh.pp * w.layers / max(layers, 1) > w.step * bubble_factor(c):
         return f"its busiest stage's {k} layers take"
     return f"its compute with the pipeline's {bubble_factor(c) - 1:.0%} bubble takes"
+
+
+#: The recipes whose pipelined units are the same (their reductions wait for the tail).
+SAME_UNITS = ("dp", "zero1", "zero2")
+
+
+def _sibling_key(c: Candidate) -> tuple[object, ...] | None:
+    """What pipelined siblings share (module docstring); None where the bound does not
+    apply (no pipeline stages, no data-parallel recipe)."""
+    if c.mesh.pp == 1 or c.dp_recipe is None:
+        return None
+    return (c.mesh, c.sequence_parallel, c.recompute, c.schedule, c.microbatches,
+            c.virtual_stages, c.annotations)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SiblingWork:
+    """The least `stages_end_s` known among a pipelined candidate's siblings: of those with
+    the units of `SAME_UNITS` (a bound for every sibling) and of any (a bound for FSDP's),
+    with the label it comes from."""
+
+    same: tuple[float, str] | None = None
+    any: tuple[float, str] | None = None
+
+
+def sibling_work(evaluations: Iterable[Evaluation]) -> dict[tuple[object, ...], SiblingWork]:
+    """Per sibling group, the least stages' work of its planned (or screened, less the
+    margin) members (module docstring)."""
+    out: dict[tuple[object, ...], SiblingWork] = {}
+    for e in evaluations:
+        key = _sibling_key(e.candidate)
+        end = e.terms.get("stages_end_s")
+        if key is None or e.error is not None or end is None:
+            continue
+        if e.screened is not None:
+            end /= 1.0 + STEP_MARGIN
+        known = out.get(key, SiblingWork())
+        mine = (end, e.candidate.label())
+        least_any = min(known.any or mine, mine)
+        least_same = known.same
+        if e.candidate.dp_recipe in SAME_UNITS:
+            least_same = min(known.same or mine, mine)
+        out[key] = SiblingWork(least_same, least_any)
+    return out
+
+
+def bounds_sibling(a: Candidate, b: Candidate) -> bool:
+    """Whether `a`'s stages, once planned, bound `b`'s step (module docstring): siblings,
+    and `a` of `SAME_UNITS` or `b` under FSDP."""
+    key = _sibling_key(b)
+    return (key is not None and a != b and _sibling_key(a) == key
+            and (a.dp_recipe in SAME_UNITS or b.dp_recipe == "fsdp"))  # fmt: skip
+
+
+def sibling_bound(
+    candidate: Candidate, work: dict[tuple[object, ...], SiblingWork]
+) -> tuple[float, str] | None:
+    """The least step `candidate` can have by its siblings' stages (module docstring), and
+    the sibling it stands on; None without one."""
+    key = _sibling_key(candidate)
+    if key is None or key not in work:
+        return None
+    known = work[key]
+    return known.any if candidate.dp_recipe == "fsdp" else known.same

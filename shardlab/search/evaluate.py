@@ -34,12 +34,16 @@ class Evaluation:
     #: step-time terms for "why this one": compute (of which the optimizer's), comm, exposed
     #: comm (of which on the tensor-parallel axis, `exposed_tp_s`); the repeated layers' share
     #: (`layers_s`, `layer_work`);
-    #: a pipeline's bubble fraction
+    #: a pipeline's bubble fraction and when its last stage ends its forward and backward
+    #: units (`stages_end_s`: the step before the stages' tails, `bound.sibling_work`)
     terms: dict[str, float] = field(default_factory=dict)
     comm_bytes_per_rank: float = 0.0
     error: str | None = None
     #: the two shallow depths the figures were drawn from (`screen`), None for a full plan
     screened: tuple[int, int] | None = None
+    #: the other candidates whose plans are this one's exactly (`identical`), merged into
+    #: this row of the ranking
+    same_plan: list[Candidate] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -69,6 +73,7 @@ class Evaluation:
             "terms": dict(self.terms),
             "comm_bytes_per_rank": self.comm_bytes_per_rank,
             "reason": self.reason,
+            "same_plan": [{**c.to_json(), "label": c.label()} for c in self.same_plan],
         }
 
 
@@ -108,7 +113,8 @@ def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: flo
         out.terms["exposed_tp_s"] = exposed_tp_comm(events)
         out.terms["layers_s"] = layer_work(events)
     else:
-        out.terms = {"bubble_fraction": cost.bubble_fraction}
+        out.terms = {"bubble_fraction": cost.bubble_fraction,
+                     "stages_end_s": max(s.end_s for s in cost.stages)}  # fmt: skip
     out.step_time_s = cost.step_time
     out.peak_memory_bytes = cost.peak_memory_bytes
     out.mfu = cost.mfu

@@ -1,5 +1,6 @@
 """The branch-and-bound's lower bounds hold: no pipelined candidate of a whole small space
-steps faster than the bound computed from the flat candidates, and none holds less memory
+steps faster than the bound computed from the flat candidates nor than its siblings'
+stages, and none holds less memory
 than its parameter state, and no candidate needs less memory than a heavier one."""
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from shardlab.search.bound import (
     cannot_win,
     flat_work,
     leaner_or_equal,
+    sibling_bound,
+    sibling_work,
     state_bound,
     step_bound,
 )
@@ -55,6 +58,17 @@ def test_no_pipelined_candidate_beats_its_bound(name):
         bound = step_bound(e.candidate, work, config["layers"])
         assert bound is not None
         assert e.step_time_s >= bound, e.candidate.label()
+    # no pipelined candidate steps faster than its siblings' stages (dp, ZeRO-1 and ZeRO-2
+    # share their units exactly; FSDP's are longer)
+    siblings = sibling_work(planned)
+    checked = [e for e in piped if e.candidate.dp_recipe is not None]  # dp=1: no recipes
+    assert len(checked) > 20
+    for e in checked:
+        bound = sibling_bound(e.candidate, siblings)
+        assert bound is not None
+        assert e.step_time_s >= bound[0], (e.candidate.label(), bound)
+    same = [e for e in checked if e.candidate.dp_recipe in ("dp", "zero1", "zero2")]
+    assert any(sibling_bound(e.candidate, siblings)[0] == e.terms["stages_end_s"] for e in same)
     # the bound is not vacuous: it skips some candidates against the best flat plan
     best = min(e.step_time_s for e in every if e.candidate.mesh.pp == 1 and e.fits)
     assert any(cannot_win(step_bound(e.candidate, work, config["layers"]), best) for e in piped)
