@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from shardlab.cli.common import JsonFlag, SetOption, app, fail
+from shardlab.cli.progress import StderrProgress
 from shardlab.errors import ShardlabError
 from shardlab.models.config import parse_overrides
 from shardlab.search.evaluate import Evaluation
@@ -40,30 +41,40 @@ def search_cmd(
             help="Plan on this Ray cluster (default: $SHARDLAB_RAY_ADDRESS).", metavar="ADDRESS"
         ),
     ] = None,
+    progress: Annotated[
+        bool, typer.Option(help="Report progress on stderr (stdout stays the result).")
+    ] = True,
     json_: JsonFlag = False,
 ) -> None:
     """Search meshes, templates, recomputation and schedules; rank what fits."""
+    report = StderrProgress("search") if progress else None
     try:
         result = search(
             model, cluster, overrides=parse_overrides(set_ or []), gpus=gpus,
             global_batch=global_batch, headroom=memory_headroom, max_tp=max_tp, min_dp=min_dp,
-            cross_node_tp=cross_node_tp, workers=workers, ray_address=ray,
+            cross_node_tp=cross_node_tp, workers=workers, ray_address=ray, progress=report,
         )  # fmt: skip
     except ShardlabError as exc:
         fail(exc)
+    finally:
+        if report is not None:
+            report.close()
     if json_:
         typer.echo(json.dumps(result.to_json(), indent=1))
         return
     fits = result.feasible
     typer.echo(
         f"{model} on {result.gpus} GPUs of {result.cluster}, global batch "
-        f"{result.global_batch}: {len(result.ranked)} candidates planned in "
-        f"{result.seconds:.1f} s, {len(fits)} fit, {len(result.pruned)} meshes pruned, "
-        f"{len(result.skipped)} candidates skipped by their bounds"
+        f"{result.global_batch}: {result.planned} candidates planned in "
+        f"{result.seconds:.1f} s ({len(result.ranked)} distinct plans), {len(fits)} fit, "
+        f"{len(result.pruned)} meshes pruned, {len(result.skipped)} candidates skipped by "
+        "their bounds"
     )
     for i, e in enumerate(result.ranked[:top], start=1):
         state = "" if e.fits else f"  ({e.reason})"
         typer.echo(f"{i:3}. {_figures(e)}  {e.candidate.label()}{state}")
+        for twin in e.same_plan:
+            typer.echo(f"{'':30}same plan: {twin.label()}")
     front = result.pareto()
     if front:
         typer.echo("Pareto front (step time against peak memory per rank):")

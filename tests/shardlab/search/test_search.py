@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -89,8 +90,14 @@ def test_cli_search_json_and_text():
             "--workers", "1"] + [f"--set={k}={v}" for k, v in TINY.items()]  # fmt: skip
     out = runner.invoke(app, [*args, "--json"])
     assert out.exit_code == 0, out.output
-    data = json.loads(out.output)
+    data = json.loads(out.stdout)  # progress goes to stderr: stdout is the JSON alone
     assert data["gpus"] == 4 and data["candidates"][0]["fits"]
+    assert data["planned"] == sum(1 + len(c["same_plan"]) for c in data["candidates"])
+    assert "search: 100% ranked" in out.stderr
+    assert re.search(r"search: +\d+% screened \d+, planned \d+, skipped \d+ of \d+ candidates",
+                     out.stderr)  # fmt: skip
+    quiet = runner.invoke(app, [*args, "--json", "--no-progress"])
+    assert quiet.exit_code == 0 and quiet.stderr == ""
     text = runner.invoke(app, [*args, "--top", "3"])
     assert text.exit_code == 0, text.output
     assert "Pareto front" in text.output and "winner:" in text.output
