@@ -1,8 +1,9 @@
 """Strategy search: how long a whole search takes at full size, what it finds, and how close
 its winner comes to an exhaustive walk of the same space.
 
-Rows: llama3-8b on h100-sxm-8x8 (64 GPUs, global batch 64) and llama3-70b on h100-sxm-64x8
-(512 GPUs, global batch 512), each searched with `shardlab.search.run.search` on every core
+Rows: llama3-8b on h100-sxm-8x8 (64 GPUs, global batch 64), llama3-70b on h100-sxm-64x8
+(512 GPUs, global batch 512) and a 30B GPT on h100-sxm-48x8 (384 GPUs, global batch 192),
+each searched with `shardlab.search.run.search` on every core
 of this machine. The agreement row enumerates every recipe (data-parallel recipe x sequence
 parallelism x recomputation x schedule) on every mesh of a small model and compares the
 best that fits with the search's winner.
@@ -20,9 +21,14 @@ from shardlab.search.evaluate import evaluate
 from shardlab.search.run import search
 from shardlab.search.space import Limits, ModelShape, every_candidate
 
-FULL = [
-    ("llama3-8b", "h100-sxm-8x8", 64, 10.0),
-    ("llama3-70b", "h100-sxm-64x8", 512, 60.0),
+#: A 30B GPT (hidden 7168, 48 layers, 56 heads) on 384 GPUs: pipelines of many stages that
+#: screening cannot cut short (issue 34: it took 340 s; the goal is a minute).
+GPT_30B = {"hidden": 7168, "heads": 56, "layers": 48, "ffn": 28672, "vocab": 131072,
+           "seq": 4096, "dropout": 0.0}  # fmt: skip
+FULL: list[tuple[str, dict[str, object], str, int, float]] = [
+    ("llama3-8b", {}, "h100-sxm-8x8", 64, 10.0),
+    ("llama3-70b", {}, "h100-sxm-64x8", 512, 60.0),
+    ("gpt", GPT_30B, "h100-sxm-48x8", 192, 60.0),
 ]
 SMALL = {"layers": 8, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn": 768, "vocab": 1024,
          "seq": 256}  # fmt: skip
@@ -51,14 +57,15 @@ def run() -> Section:
         ["search", "time", "goal", "met", "candidates planned (fit)", "skipped (bounds, screening)",
          "winner", "winner's step", "MFU"],
     )  # fmt: skip
-    for model, cluster, batch, goal in FULL:
-        result = search(model, cluster, global_batch=batch)
+    for model, overrides, cluster, batch, goal in FULL:
+        result = search(model, cluster, overrides=overrides, global_batch=batch)
+        name = f"{model} 30B" if overrides else model
         win = result.winner
         section.rows.append([
-            f"{model} on {cluster} ({result.gpus} GPUs), global batch {batch}",
+            f"{name} on {cluster} ({result.gpus} GPUs), global batch {batch}",
             f"{result.seconds:.1f} s", f"≤ {goal:.0f} s",
             "yes" if result.seconds <= goal else "**no**",
-            f"{len(result.ranked)} ({len(result.feasible)})", str(len(result.skipped)),
+            f"{result.planned} ({len(result.feasible)})", str(len(result.skipped)),
             win.candidate.label() if win else "none fits",
             f"{(win.step_time_s or 0) * 1e3:.1f} ms" if win else "–",
             f"{(win.mfu or 0):.1%}" if win else "–",
@@ -67,14 +74,14 @@ def run() -> Section:
         if refined is not None and refined.evaluation is not None:
             e = refined.evaluation
             section.notes.append(
-                f"{model}: the per-op ILP refined {refined.base.candidate.label()} "
+                f"{name}: the per-op ILP refined {refined.base.candidate.label()} "
                 f"({(refined.base.step_time_s or 0) * 1e3:.1f} ms) to "
                 f"{(e.step_time_s or 0) * 1e3:.1f} ms ({'fits' if e.fits else 'does not fit'}); "
                 f"{len(refined.differs)} layer values placed otherwise than the templates."
             )
         screening = result.screening_line()
         if screening:
-            section.notes.append(f"{model}: {screening}.")
+            section.notes.append(f"{name}: {screening}.")
     for layers in (8, 20):  # 20: deep enough that the search screens (`search.screen`)
         won, best, searched, walked_n, walked_s = _agreement(layers)
         section.notes.append(

@@ -1,7 +1,8 @@
 // Find a strategy (#/search?id=): a model made from a preset and a cluster in, the search's
 // live progress, then every evaluated candidate as a point of step time against peak memory
 // per rank (coloured by mesh shape; those that do not fit greyed, their reason on hover),
-// the Pareto front as a line, why the winner won, and the ranked list. Clicking a point or
+// the Pareto front as a line, why the winner won, and the ranked list (one row per plan: the
+// recipes with an identical plan listed under it). Clicking a point or
 // a row's button stores that candidate as a strategy and builds its plan.
 import { api, followJob } from "../api.js";
 import { clearErrors, field, fieldOf, labelled, showError } from "../forms.js";
@@ -82,6 +83,7 @@ function hoverOf(c) {
     lines.push(`step ${fmtTime(c.step_time_s)}, peak ${fmtBytes(c.peak_memory_bytes)} per rank`);
   }
   if (c.mfu !== null) lines.push(`MFU ${fmtPercent(c.mfu)}`);
+  for (const twin of c.same_plan || []) lines.push(`same plan: ${twin.label}`);
   lines.push(c.fits ? "fits — click to build this plan" : `does not fit: ${c.reason}`);
   return lines.join("<br>");
 }
@@ -139,7 +141,8 @@ async function buildPlan(search, index) {
 function table(search, onBuild) {
   const rows = search.result.candidates.slice(0, 15).map((c, i) => h("tr", {},
     h("td", { class: "num" }, String(i + 1)),
-    h("td", {}, c.label),
+    h("td", {}, c.label, ...(c.same_plan || []).map((twin) =>
+      h("div", { class: "muted same-plan" }, `same plan: ${twin.label}`))),
     h("td", { class: "num" }, c.step_time_s === null ? "–" : fmtTime(c.step_time_s)),
     h("td", { class: "num" }, c.peak_memory_bytes === null ? "–" : fmtBytes(c.peak_memory_bytes)),
     h("td", { class: c.fits ? "status-succeeded" : "status-failed" }, c.fits ? "fits" : c.reason),
@@ -167,8 +170,9 @@ async function showResult(out, search) {
   const plot = h("div", { id: "search-plot", role: "img",
     "aria-label": `${result.candidates.length} candidates, step time against peak memory` });
   out.replaceChildren(
-    h("p", { id: "search-summary" }, `${result.candidates.length} candidates planned in `
-      + `${result.seconds.toFixed(1)} s on ${result.gpus} GPUs of ${result.cluster}: ${fits} fit; `
+    h("p", { id: "search-summary" }, `${result.planned ?? result.candidates.length} candidates `
+      + `planned in ${result.seconds.toFixed(1)} s on ${result.gpus} GPUs of ${result.cluster} `
+      + `(${result.candidates.length} distinct plans): ${fits} fit; `
       + `${result.pruned.length} meshes pruned.`),
     h("p", { id: "search-screening" }, screeningLine(result)),
     plot, whyBox(result), table(search, build),

@@ -39,8 +39,17 @@ def test_a_search_runs_and_a_click_builds_the_plan(page: Page, server: Server) -
     search_id = int(re.search(r"id=(\d+)", page.url).group(1))  # type: ignore[union-attr]
     result = server.api("GET", f"/api/searches/{search_id}")["result"]
     expect(page.locator("#search-summary")).to_contain_text(
-        f"{len(result['candidates'])} candidates planned"
+        f"{result['planned']} candidates planned"
     )
+    expect(page.locator("#search-summary")).to_contain_text(
+        f"({len(result['candidates'])} distinct plans)"
+    )
+    twins = [(i, c["same_plan"]) for i, c in enumerate(result["candidates"][:15]) if c["same_plan"]]
+    rows = page.get_by_role("table", name="ranked candidates").locator("tbody tr")
+    for i, same in twins:  # each recipe with an identical plan is listed in its row
+        for twin in same:
+            expect(rows.nth(i)).to_contain_text(f"same plan: {twin['label']}")
+    assert page.locator(".same-plan").count() == sum(len(s) for _, s in twins)
     names = page.evaluate("() => document.getElementById('search-plot').data.map(t => t.name)")
     assert "Pareto front" in names
     assert {c["mesh"] for c in result["candidates"] if c["fits"]} <= set(names)
