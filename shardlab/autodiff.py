@@ -7,6 +7,8 @@ respect to every float param it depends on:
 - the seed d(loss) = 1 is a `fill` op writing `<loss>.grad`;
 - ops are visited in reverse topological order; each op's VJP (`shardlab.vjp_rules`) emits
   backward ops (role backward, the forward op's scope) for the inputs that need a gradient;
+- a VJP may have its forward op keep a statistic for the backward (`keep_output`: the cross
+  entropy's log-sum-exp per label); the training graph holds the widened forward op;
 - a value with several gradient contributions gets them summed by `add` ops; the total is
   the value `<value>.grad` (kind grad);
 - per param `p` with a gradient, one optimizer op (role optimizer) writes `p.new` (kind
@@ -52,6 +54,8 @@ class BackwardContext:
         self.current: Op | None = None
         self._count: dict[str, int] = {}
         self._renames: dict[str, str] = {}
+        #: forward op name -> the op with the extra outputs its backward reads (`keep_output`)
+        self.widened: dict[str, Op] = {}
 
     def type(self, name: str) -> TensorType:
         return self.values[name].type
@@ -96,6 +100,24 @@ class BackwardContext:
         self._renames[old] = new
         return new
 
+    def keep_output(self, op: Op, attrs: dict[str, Any]) -> str:
+        """Have the forward `op` run with `attrs` added, which give its kind one more output
+        (a statistic its backward reads instead of recomputing it), named `<op>.<attr>`;
+        `forward_ops` puts the widened op in the training graph. Returns that output."""
+        types = infer_types(op.kind, [self.type(v) for v in op.inputs], {**op.attrs, **attrs})
+        assert len(types) == len(op.outputs) + 1, (op.name, attrs)
+        name = f"{op.name}.{'.'.join(attrs)}"
+        if name in self.values:
+            raise GraphError(f"autodiff: value name {name!r} is already taken", value=name)
+        self.values[name] = Value(name, types[-1], ValueKind.ACTIVATION)
+        self.widened[op.name] = Op(op.name, op.kind, op.inputs, (*op.outputs, name),
+                                   {**op.attrs, **attrs}, op.scope, op.role)  # fmt: skip
+        return name
+
+    def forward_ops(self) -> list[Op]:
+        """The forward graph's ops, those that `keep_output` widened in their place."""
+        return [self.widened.get(op.name, op) for op in self.graph.ops]
+
     def finish(self) -> list[Op]:
         """The emitted ops with renames applied."""
         m = self._renames
@@ -139,7 +161,9 @@ def forward_op_of(name: str) -> str | None:
 def find_loss(graph: Graph) -> str:
     """The scalar loss value of `graph`."""
     loss_ops = [op for op in graph.ops if op.role == OpRole.LOSS]
-    cands = [v for op in loss_ops for v in op.outputs] if loss_ops else list(graph.outputs)
+    # A loss op's first output is the loss (a training graph's cross entropy also outputs
+    # its log-sum-exp per label, `keep_output`).
+    cands = [op.outputs[0] for op in loss_ops] if loss_ops else list(graph.outputs)
     cands = [v for v in cands if graph.type_of(v).shape == () and graph.type_of(v).is_float]
     if len(cands) != 1:
         raise GraphError(
@@ -333,7 +357,7 @@ def training_graph(
         outputs += names
     train = Graph(
         ctx.values.values(),
-        [*graph.ops, *_main_grads_after_their_gradient(ctx.finish())],
+        [*ctx.forward_ops(), *_main_grads_after_their_gradient(ctx.finish())],
         name=f"{graph.name}.train",
         outputs=outputs,
         meta={**graph.meta, "optimizer": optimizer, "loss": loss, "master_weights": masters},

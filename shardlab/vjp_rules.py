@@ -324,8 +324,12 @@ def _sdpa(ctx: BackwardContext, op: Op, dys: Sequence[str | None], needs: Sequen
 
 @_vjp("cross_entropy")
 def _ce(ctx: BackwardContext, op: Op, dys: Sequence[str | None], needs: Sequence[bool]) -> Grads:
+    """The forward keeps its log-sum-exp per label (attr `lse`, float32: 4 bytes a token)
+    for the backward, so a vocab-parallel backward needs no all-reduce of its own (torch's
+    loss_parallel and Megatron-LM keep what they need from the forward too)."""
     attrs = {"reduction": op.attrs.get("reduction", "mean")}
-    return [ctx.one("cross_entropy_grad", [*op.inputs, _dy(dys)], attrs), None]
+    lse = ctx.keep_output(op, {"lse": True})
+    return [ctx.one("cross_entropy_grad", [*op.inputs, _dy(dys), lse], attrs), None]
 
 
 @_vjp("mse_loss")

@@ -10,7 +10,9 @@
   with dy written at the sliced positions.
 - layer_norm_grad(x, w, dy) -> dx, dw, db; rms_norm_grad(x, w, dy) -> dx, dw (attr `eps`).
 - attention_grad(q, k, v, dy) -> dq, dk, dv (attrs `causal`, `scale`; grouped-query heads).
-- cross_entropy_grad(logits, labels, dloss) -> dlogits (attr `reduction`).
+- cross_entropy_grad(logits, labels, dloss, lse) -> dlogits (attr `reduction`): the
+  softmax exp(logits - lse) from the log-sum-exp per label that the forward kept
+  (`cross_entropy` with attr `lse`), minus the one-hot of the labels, times dloss [/ N].
 - embedding_grad(ids, dy): attr `vocab` -> dtable [vocab, H] by scatter-add.
 - sgd(param, grad): attrs `lr`, `weight_decay` (default 0) -> new param.
 - main_grad(grad16) -> grad32: a 16-bit parameter gradient as Megatron-LM's float32 main
@@ -79,7 +81,7 @@ def _reg(kind: str, doc: str, n_in: int, infer: Callable[..., list[TensorType]],
 #: few ops of the derivative) + 1 for the product with dy; max_grad = compare, count, multiply,
 #: divide; norm grads = recomputed statistics (ln 5, rms 2) + g = dy * w (1) + the two row
 #: reductions and the dx formula (ln 7, rms 6) + dweight (and dbias) sums (ln 3, rms 3);
-#: cross_entropy_grad = softmax (max, sub, exp, sum, div) + scaling by dloss / N;
+#: cross_entropy_grad = softmax from the kept log-sum-exp (sub, exp) + scaling by dloss / N;
 #: embedding_grad = one add per element of dy; adamw = decay 1 + exp_avg 3 + exp_avg_sq 4 +
 #: denominator 3 + update 3.
 _PER_ELEMENT: dict[str, int] = {
@@ -91,7 +93,7 @@ _PER_ELEMENT: dict[str, int] = {
     "max_grad": 4,
     "layer_norm_grad": 16,
     "rms_norm_grad": 12,
-    "cross_entropy_grad": 6,
+    "cross_entropy_grad": 3,
     "embedding_grad": 1,
     "adamw": 14,
 }
@@ -288,26 +290,29 @@ _reg("attention_grad", "dq, dk, dv of scaled_dot_product_attention from (q, k, v
 
 
 def _ce_grad_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    logits, labels, dloss = ins
+    logits, labels, dloss, lse = ins
     require_float(logits, "cross_entropy_grad")
-    if labels.dtype not in INT_DTYPES or labels.shape != logits.shape[:-1] or dloss.shape:
-        raise OpSignatureError("cross_entropy_grad: needs logits [..., V], labels [...], dloss []")
+    lead = logits.shape[:-1]
+    if (labels.dtype not in INT_DTYPES or labels.shape != lead or dloss.shape
+            or lse.shape != lead or not lse.is_float):  # fmt: skip
+        raise OpSignatureError(
+            "cross_entropy_grad: needs logits [..., V], labels [...], dloss [], lse [...] float"
+        )
     attr_str(attrs, "reduction", ("mean", "sum"), "mean")
     return [logits]
 
 
 def _ce_grad_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
-    logits, labels, dloss = xs
-    p = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
-    p /= np.sum(p, axis=-1, keepdims=True)
+    logits, labels, dloss, lse = xs
+    p = np.exp(logits - lse[..., None])
     idx = labels[..., None].astype(np.int64)
     np.put_along_axis(p, idx, np.take_along_axis(p, idx, axis=-1) - 1.0, axis=-1)
     n = labels.size if attrs.get("reduction", "mean") == "mean" else 1
     return [p * (dloss / n)]
 
 
-_reg("cross_entropy_grad", "dlogits = (softmax(logits) - onehot(labels)) * dloss [/ N]; "
-     "attr reduction.", 3, _ce_grad_infer, _ce_grad_np,
+_reg("cross_entropy_grad", "dlogits = (exp(logits - lse) - onehot(labels)) * dloss [/ N], "
+     "lse the forward's log-sum-exp per label; attr reduction.", 4, _ce_grad_infer, _ce_grad_np,
      index_bounds=lambda ins, a: {1: ins[0].shape[-1]},
      flops=_per_element("cross_entropy_grad"))  # fmt: skip
 

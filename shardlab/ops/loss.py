@@ -4,7 +4,11 @@ Attr `reduction`: "mean" (default) or "sum" of the per-element loss terms.
 
 - cross_entropy(logits, labels): logits [..., V] float, labels [...] int64/int32 (logits'
   leading shape) holding classes in [0, V); the term per label is
-  logsumexp(logits) - logits[label], computed stably. FLOPs: 5 per logit.
+  logsumexp(logits) - logits[label], computed stably. FLOPs: 5 per logit. Attr `lse`
+  (default false; the training graph sets it, `autodiff`): also output each label's
+  log-sum-exp [...] in float32, which `cross_entropy_grad` reads so that its backward needs
+  no statistics of the whole vocabulary again (torch's loss_parallel and Megatron-LM keep
+  theirs from the forward too).
 - mse_loss(pred, target): same shape and dtype; terms (pred - target)^2. FLOPs: 3 per element.
 """
 
@@ -20,6 +24,7 @@ from shardlab.ops.base import (
     Array,
     Attrs,
     OpDef,
+    attr_bool,
     attr_str,
     register,
     require_float,
@@ -27,6 +32,9 @@ from shardlab.ops.base import (
 )
 
 _REDUCTIONS = ("mean", "sum")
+#: The dtype of cross_entropy's per-label log-sum-exp (attr `lse`), kept in float32 whatever
+#: the logits' dtype, as the frameworks keep their softmax statistics.
+LSE_DTYPE = "float32"
 
 
 def _reduce(terms: Array, attrs: Attrs) -> Array:
@@ -48,7 +56,10 @@ def _ce_infer(ins: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
             f"{list(logits.shape[:-1])}, got {labels}"
         )
     attr_str(attrs, "reduction", _REDUCTIONS, "mean")
-    return [TensorType((), logits.dtype)]
+    loss = TensorType((), logits.dtype)
+    if attr_bool(attrs, "lse"):
+        return [loss, TensorType(logits.shape[:-1], LSE_DTYPE)]
+    return [loss]
 
 
 def _ce_flops(ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Attrs) -> int:
@@ -66,7 +77,8 @@ def _ce_np(xs: Sequence[Array], attrs: Attrs) -> list[Array]:
     peak = np.max(logits, axis=-1, keepdims=True)
     lse = peak[..., 0] + np.log(np.sum(np.exp(logits - peak), axis=-1))
     picked = np.take_along_axis(logits, labels[..., None].astype(np.int64), axis=-1)[..., 0]
-    return [_reduce(lse - picked, attrs)]
+    loss = _reduce(lse - picked, attrs)
+    return [loss, lse] if attrs.get("lse", False) else [loss]
 
 
 register(
@@ -74,7 +86,7 @@ register(
         kind="cross_entropy",
         family="loss",
         doc="cross entropy of logits [..., V] against integer labels [...] -> scalar; "
-        "attr reduction ('mean' or 'sum').",
+        "attr reduction ('mean' or 'sum'); attr lse: also the per-label log-sum-exp (float32).",
         min_inputs=2,
         max_inputs=2,
         infer=_ce_infer,

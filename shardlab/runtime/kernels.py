@@ -11,8 +11,10 @@ or to combine partial statistics with the other ranks mid-op:
   fallback, and ops without inputs such as `rope_cache`);
 - `embedding_vocab_parallel`: look up only the ids inside this rank's rows of the table;
 - `embedding_grad_vocab_parallel`: scatter-add only the ids inside this rank's rows;
-- `cross_entropy_vocab_parallel`: all-reduce the max and the sum of exponentials over the
-  vocab-sharding axes (declared as `InnerComm`s), then emit this rank's partial loss;
+- `cross_entropy_vocab_parallel`: all-reduce the max, the sum of exponentials and the
+  target logit over the vocab-sharding axes (declared as `InnerComm`s): a whole loss;
+- `cross_entropy_grad_sharded`: the softmax of a block of the vocab from the forward's
+  log-sum-exp, the one-hot where the block holds the target, a mean over all tokens;
 - `attention_query_offset`: causal attention whose query block starts at a global offset;
 - `attention_head_offset` / `attention_grad_head_offset`: grouped-query attention whose
   query heads are sharded while the k/v heads are whole (there are fewer kv heads than
@@ -24,8 +26,9 @@ or to combine partial statistics with the other ranks mid-op:
 - `shape_attr_local`: run the op with its `shape` attr replaced by the local output shape
   (broadcast_to);
 - `global_mean` (and `<kernel>+global_mean`): a mean whose reduced dims are sharded into
-  uneven blocks: the local mean times the rank's share of the reduced elements, a partial
-  sum of the global mean (equal blocks keep `Partial(avg)` and the plain kernel).
+  uneven blocks: the local mean (output 0; the cross entropy's log-sum-exp per label is
+  left as it is) times the rank's share of the reduced elements, a partial sum of the
+  global mean (equal blocks keep `Partial(avg)` and the plain kernel).
 
 Uneven shards (a dim that does not divide its mesh axes) give ranks blocks of different
 sizes: every local shape here is the rank's own (`placement.local_shape_on`), every offset
@@ -189,20 +192,26 @@ def embedding_grad_vocab_parallel(
 def cross_entropy_vocab_parallel(
     kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
 ) -> Generator[CollectiveRequest, Array, list[Array]]:
-    """Megatron's vocab-parallel cross entropy; the output is a partial sum over the axes."""
+    """The vocab-parallel cross entropy of torch's loss_parallel() and Megatron-LM: the max
+    logit, the sum of exponentials and the target logit per label all-reduced over the
+    vocab axes (`cost.kernel_comm.MIDOP_REDUCTIONS`), so the loss (and, attr `lse`, the
+    log-sum-exp per label the backward reads) is whole on every rank of the group."""
     logits, labels = xs
     axes = ctx.axes_sharding(0, logits.ndim - 1)
-    parts = int(np.prod([ctx.mesh.axis_size(a) for a in axes]))
     start, stop = ctx.input_range(0)[-1]
     peak = yield CollectiveRequest("max", axes, _row_max(logits))
     sum_exp = yield CollectiveRequest("sum", axes, np.sum(np.exp(logits - peak[..., None]), -1))
     lse = peak + np.log(sum_exp)
     inside = (labels >= start) & (labels < stop)
     local = np.where(inside, labels - start, 0)
-    picked = _pick(logits, local)
-    terms = lse / parts - np.where(inside, picked, 0.0)
+    picked = yield CollectiveRequest("sum", axes, np.where(inside, _pick(logits, local), 0.0))
+    return _loss_outputs(lse, lse - picked, attrs)
+
+
+def _loss_outputs(lse: Array, terms: Array, attrs: Attrs) -> list[Array]:
+    """The reduced loss of the per-label `terms`, and `lse` where attr `lse` asks for it."""
     total = np.sum(terms) if attrs.get("reduction", "mean") == "sum" else np.mean(terms)
-    return [np.asarray(total)]
+    return [np.asarray(total), lse] if attrs.get("lse", False) else [np.asarray(total)]
 
 
 def _row_max(logits: Array) -> Array:
@@ -303,25 +312,17 @@ def shape_attr_local(
 
 def cross_entropy_grad_sharded(
     kind: str, xs: Sequence[Array], attrs: Attrs, ctx: LocalContext
-) -> Generator[CollectiveRequest, Array, list[Array]]:
+) -> KernelResult:
     """dlogits of a block of tokens and (vocab parallel) a block of the vocab.
 
-    A mean-reduced loss divides by the global token count, not the local one. With the vocab
-    sharded, the softmax needs the max and the sum of exponentials over the whole vocab: both
-    are all-reduced over the vocab axes (as in the forward), and each rank subtracts the
-    one-hot only where it holds the target.
+    A mean-reduced loss divides by the global token count, not the local one. The softmax
+    of the block is exp(logits - lse) with the log-sum-exp per label that the forward kept
+    (whole over the vocab), so no all-reduce is needed; each rank subtracts the one-hot
+    only where it holds the target.
     """
-    logits, labels, dloss = xs
-    axes = ctx.axes_sharding(0, logits.ndim - 1)
+    logits, labels, dloss, lse = xs
     start, stop = ctx.input_range(0)[-1]
-    peak = _row_max(logits)
-    if axes:
-        peak = yield CollectiveRequest("max", axes, peak)
-    exp = np.exp(logits - peak[..., None])
-    total = np.sum(exp, axis=-1)
-    if axes:
-        total = yield CollectiveRequest("sum", axes, total)
-    grad = exp / total[..., None]
+    grad = np.exp(logits - lse[..., None])
     inside = (labels >= start) & (labels < stop)
     local = np.where(inside, labels - start, 0).astype(np.int64)[..., None]
     if grad.shape[-1]:  # an empty block of the vocab holds no target
@@ -360,9 +361,14 @@ def global_mean(inner: Kernel) -> Kernel:
             out = inner(kind, xs, attrs, ctx)
         if not isinstance(out, list):
             out = yield from _quietly(out, not share)
-        return [np.asarray(y * share) if share else np.zeros_like(y) for y in out]
+        return [_scaled(out[0], share), *out[1:]]
 
     return kernel
+
+
+def _scaled(y: Array, share: float) -> Array:
+    """A local mean `y` times this rank's share; zeros for an empty block (share 0)."""
+    return np.asarray(y * share) if share else np.zeros_like(y)
 
 
 def _quiet(empty: bool) -> AbstractContextManager[object]:

@@ -122,22 +122,24 @@ def embedding_grad_vocab_parallel(
 def cross_entropy_vocab_parallel(
     kind: str, xs: Sequence[Tensor], attrs: Attrs, ctx: LocalContext
 ) -> TorchGen:
-    """Megatron's vocab-parallel cross entropy; the output is a partial sum over the axes."""
+    """The vocab-parallel cross entropy: the max logit, the sum of exponentials and the
+    target logit per label all-reduced over the vocab axes; a whole loss (and, attr `lse`,
+    the log-sum-exp per label), as `kernels.cross_entropy_vocab_parallel`."""
     import torch
 
     logits, labels = xs
     axes = ctx.axes_sharding(0, logits.dim() - 1)
-    parts = math.prod(ctx.mesh.axis_size(a) for a in axes)
     start, stop = ctx.input_range(0)[-1]
     peak = yield _request("max", axes, _row_max(logits))
     sum_exp = yield _request("sum", axes, torch.sum(torch.exp(logits - peak[..., None]), -1))
     lse = peak + torch.log(sum_exp)
     inside = (labels >= start) & (labels < stop)
     local = torch.where(inside, labels - start, 0).long()
-    picked = _pick(logits, local)
-    terms = lse / parts - torch.where(inside, picked, picked.new_zeros(()))
+    mine = _pick(logits, local)
+    picked = yield _request("sum", axes, torch.where(inside, mine, mine.new_zeros(())))
+    terms = lse - picked
     total = torch.sum(terms) if attrs.get("reduction", "mean") == "sum" else torch.mean(terms)
-    return [total]
+    return [total, lse] if attrs.get("lse", False) else [total]
 
 
 def _row_max(logits: Tensor) -> Tensor:
@@ -160,23 +162,15 @@ def _pick(logits: Tensor, local: Tensor) -> Tensor:
 
 def cross_entropy_grad_sharded(
     kind: str, xs: Sequence[Tensor], attrs: Attrs, ctx: LocalContext
-) -> TorchGen:
-    """dlogits of a block of tokens and (vocab parallel) a block of the vocab: the max and
-    the sum of exponentials all-reduced over the vocab axes, the one-hot subtracted only
+) -> TorchResult:
+    """dlogits of a block of tokens and (vocab parallel) a block of the vocab: the softmax
+    from the forward's log-sum-exp per label (no all-reduce), the one-hot subtracted only
     where this rank holds the target, a mean divided by the global token count."""
     import torch
 
-    logits, labels, dloss = xs
-    axes = ctx.axes_sharding(0, logits.dim() - 1)
+    logits, labels, dloss, lse = xs
     start, stop = ctx.input_range(0)[-1]
-    peak = _row_max(logits)
-    if axes:
-        peak = yield _request("max", axes, peak)
-    exp = torch.exp(logits - peak[..., None])
-    total = torch.sum(exp, dim=-1)
-    if axes:
-        total = yield _request("sum", axes, total)
-    grad = exp / total[..., None]
+    grad = torch.exp(logits - lse[..., None])
     inside = (labels >= start) & (labels < stop)
     local = torch.where(inside, labels - start, 0).long()[..., None]
     if grad.shape[-1]:  # an empty block of the vocab holds no target
@@ -268,8 +262,8 @@ def global_mean(inner: TorchKernel) -> TorchKernel:
         out = inner(kind, xs, attrs, ctx)
         if not isinstance(out, list):
             out = yield from out
-        share = _mean_share(kind, attrs, ctx)
-        return [y * share if share else torch.zeros_like(y) for y in out]
+        share = _mean_share(kind, attrs, ctx)  # scales the mean (output 0) only
+        return [out[0] * share if share else torch.zeros_like(out[0]), *out[1:]]
 
     return kernel
 

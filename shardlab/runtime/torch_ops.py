@@ -228,13 +228,13 @@ def _cross_entropy(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
     peak = torch.amax(logits, dim=-1, keepdim=True)
     lse = peak[..., 0] + torch.log(torch.sum(torch.exp(logits - peak), dim=-1))
     picked = torch.gather(logits, -1, labels.long()[..., None])[..., 0]
-    return [_reduce_terms(lse - picked, attrs)]
+    loss = _reduce_terms(lse - picked, attrs)
+    return [loss, lse] if attrs.get("lse", False) else [loss]
 
 
 def _cross_entropy_grad(xs: Sequence[Tensor], attrs: Attrs) -> list[Tensor]:
-    logits, labels, dloss = xs
-    p = torch.exp(logits - torch.amax(logits, dim=-1, keepdim=True))
-    p = p / torch.sum(p, dim=-1, keepdim=True)
+    logits, labels, dloss, lse = xs
+    p = torch.exp(logits - lse[..., None])
     idx = labels.long()[..., None]
     p = p.scatter(-1, idx, torch.gather(p, -1, idx) - 1.0)
     n = labels.numel() if attrs.get("reduction", "mean") == "mean" else 1

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from shardlab.ir import TensorType
 from shardlab.ops import attach
 from shardlab.ops.base import attr_int, normalize_dim
 from shardlab.ops.reduce import reduce_dims
 from shardlab.placement import DistSpec, Shard
 from shardlab.spmd.einsum import UNSHARDABLE, Signature, broadcast_letters, solve
-from shardlab.spmd.result import InnerComm, RuleContext, RuleResult
+from shardlab.spmd.result import RuleContext, RuleResult
 from shardlab.spmd.rules.attention import GRAD_HEAD_KERNEL, cheaper
 
 LETTERS = "abcdefg"
@@ -78,30 +77,18 @@ def attention_grad_rule(ctx: RuleContext) -> RuleResult:
 
 
 def cross_entropy_grad_rule(ctx: RuleContext) -> RuleResult:
-    """(logits, labels, dloss) -> dlogits: tokens and the vocab may both be sharded.
+    """(logits, labels, dloss, lse) -> dlogits: tokens and the vocab may both be sharded.
 
     Kernel `cross_entropy_grad_sharded` divides a mean by the global token count and, with
-    the vocab sharded (Megatron's vocab-parallel loss backward), all-reduces the max and the
-    sum of exponentials over the vocab axes inside the op, so dlogits stay vocab-sharded and
-    the LM head's weight gradient is computed on each rank's vocab block only.
+    the vocab sharded (the vocab-parallel loss backward), takes the softmax of its block of
+    the vocab from the forward's log-sum-exp per label (whole on the vocab axes), so it
+    issues no all-reduce; dlogits stay vocab-sharded and the LM head's weight gradient is
+    computed on each rank's vocab block only.
     """
     logits = ctx.output_types[0]
     lead, vocab = LETTERS[: logits.rank - 1], LETTERS[logits.rank - 1]
     kernels = dict.fromkeys(lead + vocab, "cross_entropy_grad_sharded")
-    sig = Signature((lead + vocab, lead, ""), (lead + vocab,), kernels=kernels)
-    result = solve(ctx, sig)
-    axes = tuple(c.axis for c in result.choices if c.choice == vocab)
-    if not axes:
-        return result
-    stats = TensorType(logits.shape[:-1], "float32")
-    over = ", ".join(axes)
-    comms = (
-        InnerComm("all_reduce", "max", axes, stats,
-                  f"vocab-parallel cross entropy backward: the max logit per token over {over}"),
-        InnerComm("all_reduce", "sum", axes, stats,
-                  f"vocab-parallel cross entropy backward: the softmax denominator over {over}"),
-    )  # fmt: skip
-    return dataclasses.replace(result, inner_comms=comms)
+    return solve(ctx, Signature((lead + vocab, lead, "", lead), (lead + vocab,), kernels=kernels))
 
 
 def embedding_grad_rule(ctx: RuleContext) -> RuleResult:

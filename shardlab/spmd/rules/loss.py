@@ -1,14 +1,16 @@
-"""Rules for the losses `cross_entropy` and `mse_loss` (scalar outputs).
+"""Rules for the losses `cross_entropy` and `mse_loss` (scalar losses).
 
 Every input letter is contracted: a rank's loss over its block of tokens is a `Partial(avg)`
 of the global mean (equal blocks) or a `Partial(sum)` of the global sum, by `reduction`.
 
-- cross_entropy `ab..v,ab..->` (logits, labels): the leading letters shard with the labels.
-  Sharding the vocab `v` is Megatron's vocab-parallel cross entropy (kernel
-  `cross_entropy_vocab_parallel`): all-reduce the max and the sum of exponentials of the
-  logits over the vocab axes inside the op (listed as `InnerComm`s), then each rank emits
-  its share of the log-sum-exp minus the target logit if it holds it: `Partial(sum)` over
-  the vocab axes whatever the reduction.
+- cross_entropy `ab..v,ab..->` (logits, labels -> loss[, lse]): the leading letters shard
+  with the labels; the training graph's log-sum-exp per label (attr `lse`) is laid out as
+  the labels are read. Sharding the vocab `v` is the vocab-parallel cross entropy of torch's
+  loss_parallel() and Megatron-LM (kernel `cross_entropy_vocab_parallel`): inside the op it
+  all-reduces, over the vocab axes, each label's max logit and sum of exp(logit - max) in
+  float32, then the target logit (zero on the ranks that do not hold it) in the logits'
+  dtype (listed as `InnerComm`s), so the loss and the log-sum-exp come out replicated over
+  the vocab axes. The backward reads the kept log-sum-exp and issues none (`backward.py`).
 - mse_loss `ab..,ab..->`: non-linear (squared), so partial inputs are resolved.
 """
 
@@ -18,7 +20,9 @@ from dataclasses import replace
 
 from shardlab.ir import TensorType
 from shardlab.ops import attach
-from shardlab.spmd.einsum import Signature, solve
+from shardlab.ops.loss import LSE_DTYPE
+from shardlab.placement import DistSpec, Replicate
+from shardlab.spmd.einsum import GLOBAL_MEAN, Signature, solve
 from shardlab.spmd.result import InnerComm, RuleContext, RuleResult
 
 LETTERS = "abcdefg"
@@ -30,7 +34,8 @@ def _reduction_op(ctx: RuleContext) -> str:
 
 
 def cross_entropy_signature(ctx: RuleContext) -> Signature:
-    """Leading letters contracted by avg/sum; `v` contracted by sum (vocab parallel)."""
+    """Of the loss alone: leading letters contracted by avg/sum; `v` contracted (the kernel
+    all-reduces what it needs, `cross_entropy_rule`)."""
     lead = LETTERS[: ctx.input_types[0].rank - 1]
     contraction = dict.fromkeys(lead, _reduction_op(ctx))
     contraction["v"] = "sum"
@@ -42,28 +47,67 @@ def cross_entropy_signature(ctx: RuleContext) -> Signature:
     )
 
 
-def cross_entropy_rule(ctx: RuleContext) -> RuleResult:
-    result = solve(ctx, cross_entropy_signature(ctx))
-    if result.kernel != VOCAB_KERNEL:
-        return result
-    logits = ctx.input_types[0]
-    axes = tuple(c.axis for c in result.choices if c.choice == "v")
-    # The statistics are kept in float32 whatever the logits' dtype, as Megatron does.
-    stats = TensorType(logits.shape[:-1], "float32")
+def _loss_only(ctx: RuleContext) -> RuleContext:
+    """`ctx` without the log-sum-exp output (attr `lse`): the rule solves for the loss."""
+    return replace(
+        ctx,
+        output_types=ctx.output_types[:1],
+        output_hints=ctx.output_hints[:1],
+        inplace=ctx.inplace[:1],
+        deferrable=ctx.deferrable[:1],
+    )
+
+
+def vocab_parallel_comms(logits: TensorType, axes: tuple[str, ...]) -> tuple[InnerComm, ...]:
+    """The all-reduces of the vocab-parallel cross entropy over `axes`, one value per label
+    each: the max and the sum of exponentials in float32 (`LSE_DTYPE`), the target logit in
+    the logits' dtype (as torch's loss_parallel() issues them)."""
+    stats = TensorType(logits.shape[:-1], LSE_DTYPE)
+    target = TensorType(logits.shape[:-1], logits.dtype)
     over = ", ".join(axes)
-    comms = (
+    return (
         InnerComm("all_reduce", "max", axes, stats,
                   f"vocab-parallel cross entropy: the max logit per token over {over}, "
                   "for a stable log-sum-exp"),
         InnerComm("all_reduce", "sum", axes, stats,
                   f"vocab-parallel cross entropy: the sum of exp(logit - max) per token "
                   f"over {over}, the softmax denominator"),
+        InnerComm("all_reduce", "sum", axes, target,
+                  f"vocab-parallel cross entropy: the target logit per token over {over}, "
+                  "from the rank that holds it"),
     )  # fmt: skip
-    note = (
-        f"; vocab parallel over {over}: the log-sum-exp is all-reduced inside the op and each "
-        "rank adds its share of it minus the target logit where it holds the target"
+
+
+def _replicated_on(spec: DistSpec, axes: tuple[str, ...]) -> DistSpec:
+    """`spec` with `axes` replicated (the kernel's all-reduces made it whole there)."""
+    names = spec.mesh.axis_names
+    placements = tuple(
+        Replicate() if names[k] in axes else p for k, p in enumerate(spec.placements)
     )
-    return replace(result, reason=result.reason + note, inner_comms=comms)
+    return DistSpec(spec.mesh, placements)
+
+
+def cross_entropy_rule(ctx: RuleContext) -> RuleResult:
+    """The loss's placements from the einsum solver; the log-sum-exp per label (when the
+    training graph asks for it) is laid out as the labels are read: sharded with the
+    tokens, whole over the vocab axes."""
+    result = solve(_loss_only(ctx), cross_entropy_signature(ctx))
+    outputs = (*result.output_specs, *result.input_specs[1:2] * (len(ctx.output_types) - 1))
+    result = replace(result, output_specs=outputs)
+    if result.kernel not in (VOCAB_KERNEL, GLOBAL_MEAN[VOCAB_KERNEL]):
+        return result
+    axes = tuple(c.axis for c in result.choices if c.choice == "v")
+    over = ", ".join(axes)
+    note = (
+        f"; vocab parallel over {over}: the max, the sum of exponentials and the target "
+        "logit are all-reduced inside the op, so the loss is whole on every rank of the group"
+    )
+    return replace(
+        result,
+        output_specs=tuple(_replicated_on(s, axes) for s in result.output_specs),
+        reason=result.reason + note,
+        inner_comms=vocab_parallel_comms(ctx.input_types[0], axes),
+    )
 
 
 def mse_loss_rule(ctx: RuleContext) -> RuleResult:

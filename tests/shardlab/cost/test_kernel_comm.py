@@ -1,6 +1,7 @@
 """A local kernel's own all-reduces: the table matches what the kernels ask for, and a
-vocab-parallel cross entropy costs two all-reduces of one float per token over the ranks
-holding a block of the vocabulary, forward and backward."""
+vocab-parallel cross entropy costs three all-reduces of one value per token over the ranks
+holding a block of the vocabulary (max and sum of exp in float32, the target logit in the
+logits' dtype) in forward, and none in backward (it reads the forward's log-sum-exp)."""
 
 from __future__ import annotations
 
@@ -42,16 +43,19 @@ def midop_ops(plan: Plan) -> list[DistOp]:
 
 def test_the_table_is_what_the_kernels_ask_for() -> None:
     """Each kernel of the table, driven on 4 ranks with its logits' vocab dim sharded,
-    yields as many all-reduces (one value per token, over the vocab axis) as the table
-    says, and none when the vocab is whole."""
+    yields the all-reduces the table lists (its reductions, in order; one value per token,
+    over the vocab axis), and none when the vocab is whole."""
     line = Mesh((4,), ("tp",))
     logits = np.random.default_rng(0).standard_normal((4, 8))
     labels = np.array([0, 3, 4, 7])
-    for kernel, count in MIDOP_REDUCTIONS.items():
+    for kernel, reductions in MIDOP_REDUCTIONS.items():
         kind = "cross_entropy_grad" if "grad" in kernel else "cross_entropy"
         requests = _requests(kernel, kind, line, "S(1)", logits, labels)
-        assert len(requests) == count, kernel
-        assert {(q.axes, np.shape(q.data)) for q in requests} == {(("tp",), (4,))}, kernel
+        assert [q.op for q in requests] == [op for op, _ in reductions], kernel
+        assert all((q.axes, np.shape(q.data)) == (("tp",), (4,)) for q in requests), kernel
+    assert [op for op, _ in MIDOP_REDUCTIONS["cross_entropy_vocab_parallel"]] == [
+        "max", "sum", "sum"
+    ]  # fmt: skip
     assert _requests("cross_entropy_grad_sharded", "cross_entropy_grad", line, "R",
                      logits, labels) == []  # fmt: skip
 
@@ -64,11 +68,11 @@ def _requests(
     specs = [DistSpec.parse(logits_spec, mesh), DistSpec.parse("R", mesh)]
     types = [TensorType(logits.shape), TensorType(labels.shape, "int64")]
     xs = [logits, labels]
-    if kind == "cross_entropy_grad":
-        specs.append(DistSpec.parse("R", mesh))
-        types.append(TensorType(()))
-        xs.append(np.asarray(1.0))
-    out_spec = DistSpec.parse("P(sum)" if kind == "cross_entropy" else logits_spec, mesh)
+    if kind == "cross_entropy_grad":  # dloss, and the log-sum-exp the forward kept
+        specs += [DistSpec.parse("R", mesh)] * 2
+        types += [TensorType(()), TensorType(labels.shape)]
+        xs += [np.asarray(1.0), np.log(np.sum(np.exp(logits), axis=-1))]
+    out_spec = DistSpec.parse("R" if kind == "cross_entropy" else logits_spec, mesh)
     out_type = TensorType(()) if kind == "cross_entropy" else types[0]
     gens: list[Iterator[Any]] = []
     for r in mesh.ranks:
@@ -90,28 +94,41 @@ def _requests(
         answer = stack.max(axis=0) if asked[0].op == "max" else stack.sum(axis=0)
 
 
-def test_vocab_parallel_cross_entropy_costs_two_all_reduces_per_token_each_way() -> None:
+def ring(n: int, size: float) -> float:
+    """An all-reduce of `size` bytes over a ring of `n` NVLink ranks."""
+    return 2 * (n - 1) * LAT + 2 * (n - 1) / n * size / BW
+
+
+def test_vocab_parallel_cross_entropy_costs_three_all_reduces_per_token_in_forward() -> None:
     plan = plan_on("tp=4", ["megatron_tp"])
-    ops = midop_ops(plan)
-    assert sorted(op.kind for op in ops) == ["cross_entropy", "cross_entropy_grad"]
-    n, size = 4, TOKENS * 4  # one float32 per token
-    ring = 2 * (n - 1) * LAT + 2 * (n - 1) / n * size / BW
-    for op in ops:
-        assert midop_seconds(plan.program, op, H100) == pytest.approx(2 * ring, rel=1e-12)
+    forward, backward = sorted(midop_ops(plan), key=lambda op: op.kind)
+    assert (forward.kind, backward.kind) == ("cross_entropy", "cross_entropy_grad")
+    size = TOKENS * 4  # one float32 per token (the model is float32: the target too)
+    assert midop_seconds(plan.program, forward, H100) == pytest.approx(3 * ring(4, size))
+    assert midop_seconds(plan.program, backward, H100) == 0.0
+
+
+def test_the_target_logit_is_reduced_in_the_logits_dtype() -> None:
+    """bf16 logits: max and sum of exp in float32 (4 bytes a token), the target 2 bytes."""
+    graph = build_model("llama3-8b", {**LLAMA, "dtype": "bfloat16"})
+    plan = build_plan(graph, Strategy.build("tp=4", ["megatron_tp"], [], {}), cluster=H100)
+    (forward,) = [op for op in midop_ops(plan) if op.kind == "cross_entropy"]
+    want = 2 * ring(4, TOKENS * 4) + ring(4, TOKENS * 2)
+    assert midop_seconds(plan.program, forward, H100) == pytest.approx(want)
 
 
 def test_the_op_time_carries_the_kernels_all_reduces() -> None:
-    """A slower link's latency shows in the cross-entropy ops' times, 2 x 2(n-1) steps of
-    it, and in no other compute op."""
+    """A slower link's latency shows in the forward cross-entropy op's time, 3 x 2(n-1)
+    steps of it, and in no other compute op (the backward issues none)."""
     plan = plan_on("tp=4", ["megatron_tp"])
     slow_link = Link(bandwidth=BW, latency=LAT + 1e-3)
     slow = dataclasses.replace(H100, intra_node=slow_link)
     before = program_op_times(plan.program, H100)
     after = program_op_times(plan.program, slow)
     grown = {name for name in before if after[name] != before[name]}
-    assert grown == {op.name for op in midop_ops(plan)}
+    assert grown == {op.name for op in midop_ops(plan) if op.kind == "cross_entropy"}
     for name in grown:
-        assert after[name] - before[name] == pytest.approx(2 * 2 * 3 * 1e-3, rel=1e-9)
+        assert after[name] - before[name] == pytest.approx(3 * 2 * 3 * 1e-3, rel=1e-9)
 
 
 def test_the_group_is_the_vocab_axis_only() -> None:
@@ -121,8 +138,7 @@ def test_the_group_is_the_vocab_axis_only() -> None:
     assert midop_group(plan.program, ("tp",), 2) == (2, 3)
     assert midop_group(plan.program, ("dp", "tp"), 0) == (0, 1, 2, 3)
     size = (TOKENS // 2) * 4  # the rank's half of the batch
-    ring = 2 * LAT + size / BW
-    assert midop_seconds(plan.program, op, H100) == pytest.approx(2 * ring, rel=1e-12)
+    assert midop_seconds(plan.program, op, H100) == pytest.approx(3 * ring(2, size), rel=1e-12)
 
 
 def test_plain_data_parallelism_has_no_kernel_all_reduces() -> None:

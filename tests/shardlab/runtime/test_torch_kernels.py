@@ -168,27 +168,31 @@ def test_cross_entropy_kernels(
     logits = rng.standard_normal((batch, vocab)) * 4
     labels = np.array([0, 3, 4, 7, 5][:batch]) % vocab
     dloss = np.asarray(rng.standard_normal())
+    lse = np.log(np.sum(np.exp(logits), axis=-1))
     attrs = {"reduction": reduction}
-    out = "P(sum)P(sum)"
+    # The loss is whole over the vocab axis (the kernel all-reduces the target logit too).
+    mean = reduction == "mean" and not batch % 2
+    out = ("R" if specs[1] == "RR" else "P(avg)" if mean else "P(sum)") + "R"
     kernel = "cross_entropy_vocab_parallel" + ("+global_mean" if batch % 2 else "")
-    assert_on_every_rank(
-        kernel,
-        "cross_entropy",
-        [logits, labels],
-        specs,
-        [TensorType(())],
-        [out],
-        attrs,
-        MESH,
-        dtype,
-        fixed,
-    )
+    for lse_out in (False, True):  # the training graph's forward also outputs the lse
+        assert_on_every_rank(
+            kernel,
+            "cross_entropy",
+            [logits, labels],
+            specs,
+            [TensorType(()), *[TensorType((batch,))] * lse_out],
+            [out, *[specs[1]] * lse_out],
+            {**attrs, "lse": lse_out},
+            MESH,
+            dtype,
+            fixed,
+        )
     for logits_spec in (specs[0], specs[0].replace("S(1)", "R")):  # vocab sharded, or not
         assert_on_every_rank(
             "cross_entropy_grad_sharded",
             "cross_entropy_grad",
-            [logits, labels, dloss],
-            [logits_spec, specs[1], "RR"],
+            [logits, labels, dloss, lse],
+            [logits_spec, specs[1], "RR", specs[1]],
             [TensorType(logits.shape)],
             [logits_spec],
             attrs,

@@ -112,12 +112,18 @@ CASES: list[Case] = [
     ("embedding_grad", "embedding_grad", {"vocab": 10}, _ins(_ids(10, 4, 5), _f(4, 5, 6))),
     ("cross_entropy", "cross_entropy", {}, _ins(_f(4, 5, 11, low=-9, high=9), _ids(11, 4, 5))),
     ("cross_entropy_sum", "cross_entropy", {"reduction": "sum"}, _ins(_f(6, 11), _ids(11, 6))),
-    ("cross_entropy_grad", "cross_entropy_grad", {}, _ins(_f(4, 5, 11), _ids(11, 4, 5), _f())),
+    ("cross_entropy_lse", "cross_entropy", {"lse": True}, _ins(_f(6, 11), _ids(11, 6))),
+    (
+        "cross_entropy_grad",
+        "cross_entropy_grad",
+        {},
+        _ins(_f(4, 5, 11), _ids(11, 4, 5), _f(), _f(4, 5)),
+    ),
     (
         "cross_entropy_grad_sum",
         "cross_entropy_grad",
         {"reduction": "sum"},
-        _ins(_f(6, 11), _ids(11, 6, dtype=np.int32), _f()),
+        _ins(_f(6, 11), _ids(11, 6, dtype=np.int32), _f(), _f(6)),
     ),
     ("mse_loss", "mse_loss", {}, _ins(_f(3, 4), _f(3, 4))),
     ("mse_loss_sum", "mse_loss", {"reduction": "sum"}, _ins(_f(3, 4), _f(3, 4))),
@@ -229,7 +235,11 @@ def test_bad_values_are_refused_as_numpy_refuses_them(
             {},
         ),
         ("embedding_grad", [np.array([1, 1, 0]), np.full((3, 2), 0.1)], {"vocab": 3}),
-        ("cross_entropy_grad", [np.zeros((2, 3), np.float32), np.array([0, 2]), np.array(2.0)], {}),
+        (
+            "cross_entropy_grad",
+            [np.zeros((2, 3), np.float32), np.array([0, 2]), np.array(2.0), np.full(2, np.log(3))],
+            {},
+        ),
     ],
 )
 def test_mixed_float_dtypes_promote_as_numpy_does(

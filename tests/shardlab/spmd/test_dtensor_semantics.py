@@ -280,8 +280,8 @@ def test_embedding_of_a_partial_table(torch_meshes: dict[Mesh, Any]) -> None:
 
 def test_vocab_parallel_cross_entropy(torch_meshes: dict[Mesh, Any]) -> None:
     """Under `loss_parallel`, DTensor all-reduces inside the op and returns a replicated loss;
-    ours does the same two inner all-reduces (max, sum of exp; listed as InnerComms) and
-    leaves the scalar P(sum), resolved when (and if) a consumer needs it."""
+    ours does the same three inner all-reduces (max, sum of exp, the target logit; listed
+    as InnerComms) and returns it replicated too."""
 
     def parallel_ce(logits: Any, labels: Any) -> Any:
         with loss_parallel():
@@ -290,5 +290,6 @@ def test_vocab_parallel_cross_entropy(torch_meshes: dict[Mesh, Any]) -> None:
     case = Case("cross_entropy", [((8, 1024), "S(1)"), ((8,), "R", INT)])
     got = run_case(case, torch_meshes, parallel_ce)
     assert got.torch_comms > 0 and got.torch_out == "R"
-    assert not got.ours_reshards and got.ours_out == "P(sum)"
-    assert [c.op for c in got.ours.inner_comms] == ["max", "sum"]
+    assert not got.ours_reshards and got.ours_out == "R"
+    assert [c.op for c in got.ours.inner_comms] == ["max", "sum", "sum"]
+    assert got.torch_comms == len(got.ours.inner_comms)

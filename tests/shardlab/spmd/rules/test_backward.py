@@ -25,7 +25,11 @@ CASES: list[tuple[str, list[TensorType], dict[str, Any]]] = [
     ("sgd", [F((8, 4)), F((8, 4))], {"lr": 0.1}),
     ("rms_norm_grad", [X, F((8,)), X], {"eps": 1e-6}),
     ("layer_norm_grad", [X, F((8,)), X], {"eps": 1e-5}),
-    ("cross_entropy_grad", [F((4, 4, 8)), F((4, 4), "int64"), F(())], {"reduction": "mean"}),
+    (
+        "cross_entropy_grad",
+        [F((4, 4, 8)), F((4, 4), "int64"), F(()), F((4, 4))],
+        {"reduction": "mean"},
+    ),
     ("broadcast_to", [F((4, 1, 8))], {"shape": [2, 4, 4, 8]}),
     ("slice_grad", [F((4, 2, 8))], {"dim": 1, "start": 1, "stop": 3, "size": 4}),
     ("max_grad", [X, F((4, 8)), F((4, 8))], {"dims": [1]}),

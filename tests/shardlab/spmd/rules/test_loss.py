@@ -47,10 +47,13 @@ CE_CASES = {
 @pytest.mark.parametrize("mesh", MESHES, ids=str)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("case", CE_CASES)
+@pytest.mark.parametrize("lse", [False, True], ids=["loss", "loss+lse"])
 def test_cross_entropy_every_arriving_spec_matches_one_device(
-    case: str, reduction: str, mesh: Mesh
+    lse: bool, case: str, reduction: str, mesh: Mesh
 ) -> None:
-    kernels = sweep_rule(CE, CE_CASES[case], {"reduction": reduction}, [mesh], **options(mesh))
+    """The loss, and the log-sum-exp per label the training graph's forward keeps."""
+    attrs = {"reduction": reduction, "lse": lse}
+    kernels = sweep_rule(CE, CE_CASES[case], attrs, [mesh], **options(mesh))
     assert kernels["cross_entropy_vocab_parallel"] > 0 and kernels["default"] > 0, kernels
 
 
@@ -65,16 +68,20 @@ def test_mse_every_arriving_spec_matches_one_device(
     assert kernels["default"] > 0
 
 
-def test_vocab_sharded_cross_entropy_is_partial_sum_with_inner_comms() -> None:
-    logits, labels = TensorType((2, 4, 1024)), TensorType((2, 4), "int64")
-    rule = infer(CE, [logits, labels], [spec("RS(2)", MESH2), None], {}, MESH2)
+def test_vocab_sharded_cross_entropy_is_whole_with_inner_comms() -> None:
+    """As torch's loss_parallel(): the max and the sum of exponentials in float32, then the
+    target logit in the logits' dtype, all-reduced over the vocab axis: the loss (and the
+    kept log-sum-exp) come out whole there."""
+    logits, labels = TensorType((2, 4, 1024), "bfloat16"), TensorType((2, 4), "int64")
+    rule = infer(CE, [logits, labels], [spec("RS(2)", MESH2), None], {"lse": True}, MESH2)
     assert [str(s) for s in rule.input_specs] == ["RS(2)", "RR"]
-    assert str(rule.output_specs[0]) == "RP(sum)"
+    assert [str(s) for s in rule.output_specs] == ["RR", "RR"]
     assert rule.kernel == "cross_entropy_vocab_parallel"
-    stats = TensorType((2, 4), "float32")
+    stats, target = TensorType((2, 4), "float32"), TensorType((2, 4), "bfloat16")
     assert [(c.kind, c.op, c.axes, c.type) for c in rule.inner_comms] == [
         ("all_reduce", "max", ("tp",), stats),
         ("all_reduce", "sum", ("tp",), stats),
+        ("all_reduce", "sum", ("tp",), target),
     ]
     assert all(isinstance(c, InnerComm) and c.reason for c in rule.inner_comms)
     assert "vocab parallel over tp" in rule.reason
@@ -97,18 +104,18 @@ def test_mixed_batch_and_vocab_sharding(reduction: str) -> None:
     arriving_ = [spec("S(0)S(1)", MESH2), spec("S(0)R", MESH2)]
     check = check_rule(CE, [logits, labels], arriving_, {"reduction": reduction}, MESH2, rng)
     batch = "avg" if reduction == "mean" else "sum"
-    assert str(check.rule.output_specs[0]) == f"P({batch})P(sum)"
+    assert str(check.rule.output_specs[0]) == f"P({batch})R"  # whole over the vocab axis
     assert check.rule.kernel == "cross_entropy_vocab_parallel"
-    assert [c.axes for c in check.rule.inner_comms] == [("tp",), ("tp",)]
+    assert [c.axes for c in check.rule.inner_comms] == [("tp",)] * 3
     assert max(check.max_abs_error) < TOL
 
 
 def test_vocab_over_two_axes_lists_both() -> None:
     logits, labels = TensorType((4, 1024), "bfloat16"), TensorType((4,), "int64")
     rule = infer(CE, [logits, labels], [spec("S(1)S(1)", MESH2), None], {}, MESH2)
-    assert str(rule.output_specs[0]) == "P(sum)P(sum)"
-    assert [c.axes for c in rule.inner_comms] == [("dp", "tp")] * 2
-    assert rule.inner_comms[0].type == TensorType((4,), "float32")
+    assert str(rule.output_specs[0]) == "RR"  # the kernel's all-reduces make it whole
+    assert [c.axes for c in rule.inner_comms] == [("dp", "tp")] * 3
+    assert [c.type.dtype for c in rule.inner_comms] == ["float32", "float32", "bfloat16"]
 
 
 def test_losses_are_not_linear() -> None:

@@ -56,7 +56,7 @@ CASES: list[tuple[str, list[TensorType], dict[str, Any]]] = [
     ("dropout", [X], {"p": 0.3, "seed": 1234}),
     (
         "cross_entropy_grad",
-        [TensorType((5, 3, 10)), TensorType((5, 3), "int64"), TensorType(())],
+        [TensorType((5, 3, 10)), TensorType((5, 3), "int64"), TensorType(()), TensorType((5, 3))],
         {"reduction": "mean"},
     ),
 ]
