@@ -26,17 +26,15 @@ plan gathers its bf16 parameters and reduces bf16 gradients.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
 import pytest
 
-from shardlab.cost.kernel_comm import MIDOP_REDUCTIONS, midop_axes
+from shardlab.cost.kernel_comm import midop_bytes
 from shardlab.export.dtensor import DTensorExport, derive_export, render_dtensor
-from shardlab.ir import DTYPE_BYTES, OpRole
+from shardlab.ir import OpRole
 from shardlab.models import build_model
-from shardlab.placement import local_shape
 from shardlab.plan import Plan, build_plan
 from shardlab.reshard import COLLECTIVES
 from shardlab.strategy import Strategy
@@ -89,16 +87,12 @@ def priced(plan: Plan, export: DTensorExport, loss: bool = False) -> tuple[Tally
                 out[key][1] += op.comm.bytes_per_rank
             lines.append(f"  {op.comm.kind} {op.comm.axis} {op.comm.bytes_per_rank:.0f} "
                          f"{op.attrs.get('from')}->{op.attrs.get('to')} {op.name}")  # fmt: skip
-        count = MIDOP_REDUCTIONS.get(op.kernel, 0)
-        if count and loss:
-            t, spec = program.types[op.inputs[0]], program.specs[op.inputs[0]]
-            for axis in midop_axes(spec, len(t.shape)):
-                n = program.mesh.axis_size(axis)
-                local = local_shape(t.shape, spec.mesh, spec.placements)
-                size = math.prod(local[:-1]) * DTYPE_BYTES[t.dtype]
-                out[("all_reduce", axis)][0] += count
-                out[("all_reduce", axis)][1] += count * 2 * (n - 1) / n * size
-                lines.append(f"  {count} x all_reduce {axis} in {op.kernel} {op.name}")
+        for axes, size in midop_bytes(program, op) if loss else []:
+            (axis,) = axes  # one vocab axis in these cases
+            n = program.mesh.axis_size(axis)
+            out[("all_reduce", axis)][0] += 1
+            out[("all_reduce", axis)][1] += 2 * (n - 1) / n * size
+            lines.append(f"  all_reduce {axis} {size:.0f} B in {op.kernel} {op.name}")
     return dict(out), lines
 
 
@@ -170,16 +164,8 @@ def test_the_export_issues_the_plans_collectives(
     assert _rounded(got) == _rounded(want), report
 
 
-LOSS = (
-    "plan: cost/kernel_comm.MIDOP_REDUCTIONS prices the vocab-parallel cross entropy as 2 "
-    "all-reduces (max, sum of exp) of one bf16 value per token in forward and 2 more in "
-    "backward (cross_entropy_grad_sharded): 4 x 256 B; torch's loss_parallel() (as "
-    "Megatron-LM's vocab-parallel cross entropy) issues 3 in forward (max and sum of exp in "
-    "float32, 512 B each; the target logit, 256 B) and none in backward (softmax kept)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=LOSS)
 def test_the_vocab_parallel_loss_issues_the_plans_all_reduces() -> None:
+    """torch's loss_parallel() all-reduces the max and the sum of exp (float32) and the
+    target logit (bf16) in forward and nothing in backward, as the plan prices it."""
     want, got, report = run_counts("tp=2", ["megatron_tp"], loss=True)
     assert _rounded(got) == _rounded(want), report
