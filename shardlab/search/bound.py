@@ -45,11 +45,11 @@ and neither is any leaner recomputation of it (recomputation frees activations o
 Siblings share their stages' work. On a mesh with pipeline stages, the data-parallel recipes
 `dp`, `zero1` and `zero2` run the same forward and backward units (the gradient reductions
 and the optimizer step wait for the tail, after the last backward), so the stages end their
-units at the same moment (`stages_end_s`), and only their tails differ; FSDP runs the same
-units with its parameters gathered on top (more work, never less). So a pipelined
-candidate's step is at least the `stages_end_s` of a sibling planned before it (the same
-mesh, schedule, micro-batches, sequence parallelism and recomputation; for FSDP any
-recipe, for the others any but FSDP): `sibling_work`, `sibling_bound`. A screened sibling's
+units at the same moment (`stages_end_s`), and only their tails differ; FSDP and HSDP run
+the same units with their parameters gathered on top (more work, never less). So a
+pipelined candidate's step is at least the `stages_end_s` of a `dp`, `zero1` or `zero2`
+sibling planned before it (the same mesh, schedule, micro-batches, sequence parallelism and
+recomputation): `sibling_work`, `sibling_bound`. A screened sibling's
 counts less the screening margin. Tested against every pipelined candidate of two small
 spaces (`tests/shardlab/search/test_bound.py`).
 
@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
 from shardlab.search.evaluate import Evaluation
 from shardlab.search.screen import STEP_MARGIN, least_memory, screened_at
-from shardlab.search.space import RECOMPUTE, Candidate
+from shardlab.search.space import GATHERING, RECOMPUTE, Candidate
 
 #: A candidate is skipped when its bound exceeds the best step by more than this fraction.
 SLACK = 0.02
@@ -138,7 +138,7 @@ def state_bytes(recipe: str | None, dp: int, wide: bool = False) -> float:
     param, state = (4.0, 8.0) if wide else (2.0, 12.0)
     if recipe in ("zero1", "zero2"):
         return param + state / dp
-    if recipe in ("fsdp", "zero3"):
+    if recipe in ("fsdp", "zero3", "hsdp"):  # hsdp: `dp` is the shards' axis, dps
         return (param + state) / dp
     return param + state
 
@@ -153,7 +153,7 @@ def state_bound(candidate: Candidate, params: int, wide: bool = False) -> float:
     """The least bytes per rank `candidate` holds for parameters, gradients and optimizer
     state (module docstring)."""
     c = candidate
-    return params / (c.mesh.pp * c.mesh.tp) * state_bytes(c.dp_recipe, c.mesh.dp, wide)
+    return params / (c.mesh.pp * c.mesh.tp) * state_bytes(c.dp_recipe, c.state_shards, wide)
 
 
 def leanness(c: Candidate) -> tuple[int, ...]:
@@ -177,7 +177,7 @@ def _kin(c: Candidate) -> tuple[object, ...]:
     """What two candidates must share for their memory to be ordered by leanness: under
     FSDP the schedule too (a stage's parameters are gathered chunk by chunk, and an
     interleaved stage's chunks are half as large: the tests found one plan leaner so)."""
-    chunks = (c.schedule, c.virtual_stages) if c.dp_recipe == "fsdp" else None
+    chunks = (c.schedule, c.virtual_stages) if c.dp_recipe in GATHERING else None
     return (c.mesh, c.dp_recipe, c.annotations, c.schedule is None, chunks)
 
 
@@ -230,12 +230,11 @@ def _sibling_key(c: Candidate) -> tuple[object, ...] | None:
 
 @dataclass(frozen=True)
 class SiblingWork:
-    """The least `stages_end_s` known among a pipelined candidate's siblings: of those with
-    the units of `SAME_UNITS` (a bound for every sibling) and of any (a bound for FSDP's),
-    with the label it comes from."""
+    """The least `stages_end_s` known among a pipelined candidate's siblings with the units
+    of `SAME_UNITS` (a bound for every sibling: FSDP's and HSDP's units, which gather the
+    parameters, are no shorter), with the label it comes from."""
 
     same: tuple[float, str] | None = None
-    any: tuple[float, str] | None = None
 
 
 def sibling_work(evaluations: Iterable[Evaluation]) -> dict[tuple[object, ...], SiblingWork]:
@@ -249,22 +248,20 @@ def sibling_work(evaluations: Iterable[Evaluation]) -> dict[tuple[object, ...], 
             continue
         if e.screened is not None:
             end /= 1.0 + STEP_MARGIN
+        if e.candidate.dp_recipe not in SAME_UNITS:
+            continue
         known = out.get(key, SiblingWork())
         mine = (end, e.candidate.label())
-        least_any = min(known.any or mine, mine)
-        least_same = known.same
-        if e.candidate.dp_recipe in SAME_UNITS:
-            least_same = min(known.same or mine, mine)
-        out[key] = SiblingWork(least_same, least_any)
+        out[key] = SiblingWork(min(known.same or mine, mine))
     return out
 
 
 def bounds_sibling(a: Candidate, b: Candidate) -> bool:
     """Whether `a`'s stages, once planned, bound `b`'s step (module docstring): siblings,
-    and `a` of `SAME_UNITS` or `b` under FSDP."""
+    `a` of `SAME_UNITS`."""
     key = _sibling_key(b)
     return (key is not None and a != b and _sibling_key(a) == key
-            and (a.dp_recipe in SAME_UNITS or b.dp_recipe == "fsdp"))  # fmt: skip
+            and a.dp_recipe in SAME_UNITS)  # fmt: skip
 
 
 def sibling_bound(
@@ -276,4 +273,4 @@ def sibling_bound(
     if key is None or key not in work:
         return None
     known = work[key]
-    return known.any if candidate.dp_recipe == "fsdp" else known.same
+    return known.same  # a gathering recipe's units are no shorter than dp's

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from shardlab.search.evaluate import Evaluation
-from shardlab.search.space import DP_RECIPES, RECOMPUTE, Candidate
+from shardlab.search.space import DP_RECIPES, HSDP, RECOMPUTE, Candidate
 
 
 def plan_key(e: Evaluation) -> Hashable | None:
@@ -43,7 +43,8 @@ def simplicity(c: Candidate) -> tuple[int, int, int, int, int]:
     """Which of several recipes with the same plan stands for it, smallest first: the
     cheaper data-parallel recipe, less recomputation, no sequence parallelism, fewer
     micro-batches, no per-op placements."""
-    recipe = DP_RECIPES.index(c.dp_recipe) if c.dp_recipe in DP_RECIPES else -1
+    order = (*DP_RECIPES, HSDP)
+    recipe = order.index(c.dp_recipe) if c.dp_recipe in order else -1
     return (recipe, RECOMPUTE.index(c.recompute), int(c.sequence_parallel),
             c.microbatches or 0, len(c.annotations))  # fmt: skip
 

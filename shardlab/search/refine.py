@@ -103,8 +103,8 @@ def _state_bytes(c: Candidate, layer: Graph) -> float:
     """Bytes per parameter element under the candidate's recipe, its gradient included (the
     program counts what a layer keeps at its backward)."""
     wide = wide_params(layer)
-    grad = 4.0 / (c.mesh.dp if c.dp_recipe in ("zero2", "fsdp", "zero3") else 1)
-    return state_bytes(c.dp_recipe, c.mesh.dp, wide) + grad
+    grad = 4.0 / (c.state_shards if c.dp_recipe in ("zero2", "fsdp", "zero3", "hsdp") else 1)
+    return state_bytes(c.dp_recipe, c.state_shards, wide) + grad
 
 
 def _template_placements(layer: Graph, tp: int, sequence_parallel: bool) -> dict[str, Placement]:

@@ -109,8 +109,12 @@ def search(
             + "; ".join(f"{p.what}: {p.reason}" for p in space.pruned[:4]),
             gpus=n,
         )
+    per_node = limits.devices_per_node
     round_one = [
-        c for m in space.meshes for plan in schedules(m, shape) for c in base_candidates(m, plan)
+        c
+        for m in space.meshes
+        for plan in schedules(m, shape)
+        for c in base_candidates(m, plan, per_node)
     ]
     usable = cluster.hbm_bytes * (1.0 - headroom)
     params, wide = graph.num_params(), wide_params(graph)

@@ -2,8 +2,9 @@
 
 A `Candidate` is one point: a mesh `pp x dp x tp` over the devices (tensor parallelism
 innermost, so a tp group sits inside a node), a data-parallel recipe (`dp`, `zero1`, `zero2`,
-`fsdp`), Megatron tensor parallelism with or without sequence parallelism, a recomputation
-policy and, with pipeline stages, a schedule, a micro-batch count and virtual stages.
+`fsdp`, and `hsdp` where dp spans nodes: `dpr x dps`), Megatron tensor parallelism with or
+without sequence parallelism, a recomputation policy and, with pipeline stages, a schedule,
+a micro-batch count and virtual stages.
 
 `meshes` lists every factorization of the device count and prunes those that cannot run,
 each with one line saying why ("tp=16 crosses nodes (8 GPUs per node)"); `base_candidates`
@@ -21,6 +22,12 @@ from shardlab.strategy import Strategy
 
 #: Data-parallel recipes, from the cheapest in time to the leanest in memory.
 DP_RECIPES = ("dp", "zero1", "zero2", "fsdp")
+#: Hybrid sharded data parallelism (torchtitan's HSDP, FSDP2 on a 2-D mesh): parameters,
+#: gradients and states sharded over the `dps` ranks of a node, replicated over `dpr`
+#: across nodes; tried where the data-parallel ranks span several nodes (`hsdp_shard`).
+HSDP = "hsdp"
+#: The recipes that gather parameters before each use (their pipelined units are longer).
+GATHERING = ("fsdp", HSDP)
 #: Recomputation policies, from the fastest to the leanest.
 RECOMPUTE = ("none", "selective", "full")
 #: Micro-batches per step tried for a pipeline, as multiples of its stages.
@@ -81,12 +88,23 @@ class Candidate:
     #: per-op placements found by the layer's integer program (`refine`), applied on top of
     #: the templates; empty for a template combination
     annotations: tuple[str, ...] = ()
+    #: HSDP: the data-parallel ranks that shard the states (`dps`; the others replicate)
+    shard: int | None = None
+
+    @property
+    def state_shards(self) -> int:
+        """How many ranks share one copy of the parameters' states: `dps` under HSDP, else
+        the data-parallel ranks (a recipe that shards nothing ignores it)."""
+        return self.shard if self.dp_recipe == HSDP and self.shard else self.mesh.dp
 
     def templates(self) -> list[str]:
         """The batch is sharded by `dp`; a ZeRO or FSDP recipe composes with it (alone,
-        `zero1` shards the optimizer state of replicas that all run the whole batch)."""
+        `zero1` shards the optimizer state of replicas that all run the whole batch).
+        HSDP: `dp` on the replicas' axis `dpr`, `fsdp` on the shards' axis `dps`."""
         out = []
-        if self.dp_recipe:
+        if self.dp_recipe == HSDP:
+            out = ["dp:dpr", "fsdp:dps"]
+        elif self.dp_recipe:
             out = ["dp"] if self.dp_recipe == "dp" else ["dp", self.dp_recipe]
         if self.mesh.tp > 1:
             out.append("megatron_tp")
@@ -101,8 +119,13 @@ class Candidate:
         return self.mesh.pp == 1 and bool(self.microbatches) and self.microbatches != 1
 
     def mesh_text(self) -> str:
-        """The mesh as the strategy takes it."""
-        return self.mesh.text()
+        """The mesh as the strategy takes it (HSDP: `dp` as `dpr=R,dps=S`)."""
+        if self.dp_recipe != HSDP or not self.shard:
+            return self.mesh.text()
+        m = self.mesh
+        axes = [f"pp={m.pp}"] if m.pp > 1 else []
+        axes += [f"dpr={m.dp // self.shard}", f"dps={self.shard}"]
+        return ",".join(axes + ([f"tp={m.tp}"] if m.tp > 1 else []))
 
     def options(self) -> dict[str, Any]:
         out: dict[str, Any] = {"recompute": self.recompute}
@@ -126,7 +149,7 @@ class Candidate:
 
     def label(self) -> str:
         """`pp=2,dp=4,tp=8 zero1+megatron_tp+sequence_parallel, 1f1b x16, recompute selective`."""
-        text = f"{self.mesh.text()} {'+'.join(self.templates()) or 'no template'}"
+        text = f"{self.mesh_text()} {'+'.join(self.templates()) or 'no template'}"
         if self.mesh.pp > 1:
             text += f", {self.schedule} x{self.microbatches}"
             if self.virtual_stages and self.virtual_stages > 1:
@@ -227,18 +250,33 @@ def _microbatch_counts(mesh: Mesh3, shape: ModelShape) -> list[int]:
     return [mesh.pp * f for f in MICROBATCH_FACTORS if per_replica % (mesh.pp * f) == 0]
 
 
+def hsdp_shard(mesh: Mesh3, devices_per_node: int) -> int | None:
+    """The `dps` of HSDP on `mesh`: the data-parallel ranks of one node (a node's devices
+    over tp), where the data-parallel ranks span several nodes; None where HSDP would be
+    FSDP (all in one node) or the node's ranks do not divide them."""
+    if mesh.tp > devices_per_node or devices_per_node % mesh.tp:
+        return None
+    shard = devices_per_node // mesh.tp
+    return shard if 1 < shard < mesh.dp and mesh.dp % shard == 0 else None
+
+
 def base_candidates(
-    mesh: Mesh3, plan: tuple[str | None, int | None, int | None]
+    mesh: Mesh3, plan: tuple[str | None, int | None, int | None], devices_per_node: int = 0
 ) -> list[Candidate]:
     """The recipes planned first on a mesh, all without recomputation: every data-parallel
     recipe (no one of them always wins: FSDP's sharded optimizer step and overlapped gathers
-    can beat plain data parallelism even when both fit), and with tensor parallelism both
-    with and without sequence parallelism (it divides activation memory by tp for the same
+    can beat plain data parallelism even when both fit), HSDP where the data-parallel ranks
+    span nodes of `devices_per_node` (`hsdp_shard`), and with tensor parallelism both with
+    and without sequence parallelism (it divides activation memory by tp for the same
     bytes, but its extra collectives can cost more than they save at small shapes)."""
     schedule, m, v = plan
     recipes: tuple[str | None, ...] = DP_RECIPES if mesh.dp > 1 else (None,)
     sps = (True, False) if mesh.tp > 1 else (False,)
-    return [Candidate(mesh, dp, sp, "none", schedule, m, v) for sp in sps for dp in recipes]
+    out = [Candidate(mesh, dp, sp, "none", schedule, m, v) for sp in sps for dp in recipes]
+    shard = hsdp_shard(mesh, devices_per_node) if devices_per_node else None
+    if shard is not None:
+        out += [Candidate(mesh, HSDP, sp, "none", schedule, m, v, shard=shard) for sp in sps]
+    return out
 
 
 def leaner(candidate: Candidate, shape: ModelShape | None = None) -> list[Candidate]:
@@ -275,7 +313,11 @@ def every_candidate(shape: ModelShape, limits: Limits) -> list[Candidate]:
         if mesh.pp == 1:
             per_replica = shape.batch // mesh.dp
             plans += [("1f1b", m, None) for m in MICROBATCH_FACTORS[1:] if per_replica % m == 0]
+        shard = hsdp_shard(mesh, limits.devices_per_node)
         for plan in plans:
             for dp, sp, rc in itertools.product(recipes, sps, RECOMPUTE):
                 out.append(Candidate(mesh, dp, sp, rc, *plan))
+            if shard is not None:
+                out += [Candidate(mesh, HSDP, sp, rc, *plan, shard=shard)
+                        for sp, rc in itertools.product(sps, RECOMPUTE)]  # fmt: skip
     return out

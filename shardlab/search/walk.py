@@ -52,7 +52,7 @@ from shardlab.search.bound import (
 )
 from shardlab.search.evaluate import Evaluation
 from shardlab.search.screen import least_memory, least_step, screened_at, screens
-from shardlab.search.space import RECOMPUTE, Candidate, ModelShape, Pruned, leaner
+from shardlab.search.space import GATHERING, RECOMPUTE, Candidate, ModelShape, Pruned, leaner
 
 Progress = Callable[[float, str], None]
 
@@ -211,7 +211,7 @@ def _must_wait(c: Candidate, queue: list[_Waiting], running: list[Candidate]) ->
         return True
     if any(leaner_or_equal(x, c) or bounds_sibling(x, c) for x in running):
         return True
-    return c.dp_recipe == "fsdp" and any(bounds_sibling(q.candidate, c) for q in queue)
+    return c.dp_recipe in GATHERING and any(bounds_sibling(q.candidate, c) for q in queue)
 
 
 def _order(
@@ -232,7 +232,7 @@ def _order(
 
 
 def _group(c: Candidate) -> tuple[object, ...]:
-    fsdp = (c.schedule, c.virtual_stages) if c.dp_recipe == "fsdp" else None
+    fsdp = (c.schedule, c.virtual_stages) if c.dp_recipe in GATHERING else None
     return (c.mesh, c.dp_recipe, c.recompute, c.schedule is None, fsdp)
 
 

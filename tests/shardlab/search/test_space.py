@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from shardlab.search.space import (
+    HSDP,
     Candidate,
     Limits,
     Mesh3,
     ModelShape,
     base_candidates,
+    every_candidate,
+    hsdp_shard,
     leaner,
     meshes,
     schedules,
@@ -82,3 +85,31 @@ def test_leaner_recipes_trade_time_for_memory_in_order():
     # with flash attention selective recomputation saves nothing: none goes straight to full
     fused = ModelShape(layers=8, heads=8, kv_heads=8, batch=32, fused_attention=True)
     assert [c.recompute for c in leaner(base, fused)] == ["full", "none"]
+
+
+def test_hsdp_shards_within_a_node_and_replicates_across():
+    """HSDP is tried where the data-parallel ranks span nodes: the states sharded over the
+    ranks of one node (8 GPUs over tp), replicated across; as torchtitan's
+    data_parallel_shard_degree / data_parallel_replicate_degree."""
+    assert hsdp_shard(Mesh3(1, 64, 1), 8) == 8
+    assert hsdp_shard(Mesh3(1, 16, 2), 8) == 4
+    assert hsdp_shard(Mesh3(2, 4, 8), 8) is None  # one rank per node: that is dp
+    assert hsdp_shard(Mesh3(1, 8, 1), 8) is None  # all in one node: that is FSDP
+    assert hsdp_shard(Mesh3(1, 12, 1), 8) is None  # 8 does not divide 12
+    found = [c for c in base_candidates(Mesh3(1, 16, 2), (None, None, None), 8)
+             if c.dp_recipe == HSDP]  # fmt: skip
+    assert [c.sequence_parallel for c in found] == [True, False]
+    c = found[0]
+    assert c.mesh_text() == "dpr=4,dps=4,tp=2" and c.state_shards == 4
+    assert c.templates() == ["dp:dpr", "fsdp:dps", "megatron_tp", "sequence_parallel"]
+    assert c.label() == "dpr=4,dps=4,tp=2 dp:dpr+fsdp:dps+megatron_tp+sequence_parallel"
+    strategy = c.strategy()
+    assert strategy.mesh.axis_names == ("dpr", "dps", "tp")
+    assert not [x for x in base_candidates(Mesh3(1, 16, 2), (None, None, None)) if x.shard]
+    every = every_candidate(ModelShape(layers=4, heads=8, kv_heads=8, batch=32),
+                            Limits(gpus=16, devices_per_node=8))  # fmt: skip
+    assert {x.mesh_text() for x in every if x.dp_recipe == HSDP} == {
+        "dpr=2,dps=8",
+        "dpr=2,dps=4,tp=2",
+        "dpr=2,dps=2,tp=4",
+    }
