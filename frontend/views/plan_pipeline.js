@@ -52,14 +52,15 @@ export function pipelineSection(p) {
 function accumulationSection(p) {
   const out = [h("h2", {}, "Gradient accumulation"),
     h("p", {}, `${p.microbatches} micro-batches one after another, then one optimizer step; the `
-      + "gradient reductions overlap the last micro-batch's backward.")];
+      + "gradient reductions overlap the backward they follow.")];
   const [s] = p.stages;
   if (p.step_time_s !== undefined && s.memory) {
     const m = s.memory;
     const states = Object.values(m.model_state_bytes).reduce((a, b) => a + b, 0);
     out.push(h("p", {}, `Step ${fmtTime(p.step_time_s)} on ${p.cluster}: `
       + `${p.microbatches} × (forward ${fmtTime(s.forward_s[0])} + backward ${fmtTime(s.backward_s[0])}) `
-      + `+ ${fmtTime(s.tail_s)} after the last (exposed gradient reductions, optimizer); `
+      + `+ ${fmtTime(s.tail_s)} of gradient reductions the backwards did not hide (every `
+      + "micro-batch's under FSDP and ZeRO-2/3, else the last's) and the optimizer; "
       + `MFU ${fmtPercent(p.mfu)}, HFU ${fmtPercent(p.hfu)}.`));
     out.push(h("p", { class: m.fits ? "" : "status-failed" }, `Memory per rank: peak `
       + `${fmtBytes(m.peak_bytes)} = model states ${fmtBytes(states)} + activations `

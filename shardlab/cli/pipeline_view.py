@@ -214,8 +214,9 @@ def _accumulation_lines(p: dict[str, Any]) -> list[str]:
         states = sum(memory["model_state_bytes"].values())
         lines.append(
             f"  per micro-batch: F {st['forward_s'][0] * 1e3:.1f} ms, B "
-            f"{st['backward_s'][0] * 1e3:.1f} ms; after the last: {st['tail_s'] * 1e3:.1f} ms "
-            "(the gradient reductions left exposed, the optimizer)"
+            f"{st['backward_s'][0] * 1e3:.1f} ms; then {st['tail_s'] * 1e3:.1f} ms of gradient "
+            "reductions the backwards did not hide (every micro-batch's under FSDP and "
+            "ZeRO-2/3, else the last's) and the optimizer"
         )
         lines.append(
             f"  memory per rank: peak {human(memory['peak_bytes'], 'B')} of "
