@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardlab.autodiff import training_graph_of
@@ -34,6 +34,7 @@ from shardlab.passes.pipeline_stages import (
 from shardlab.passes.pipeline_tied import tied_reason, tied_stages
 from shardlab.program import DistProgram
 from shardlab.rebatch import microbatch_model
+from shardlab.reuse import Reuse
 from shardlab.spmd.complete import CompletedGraph, complete
 from shardlab.strategy import Strategy, StrategyError
 from shardlab.templates import REDUCE_EVERY_MICROBATCH
@@ -124,13 +125,11 @@ def build_pipelined(
     report(0.05, "training graph of one micro-batch")
     training = training_graph_of(micro, optimizer, lr, strategy.recompute)
     assignment = _assignment(training, pp, options)
-    report(0.1, "completion")
+    report(0.1, "completion and lowering")
     try:
-        completed = complete(training, stage_strategy(strategy, PIPELINE_AXIS), fold)
+        completed, program = lowered_stage(training, stage_strategy(strategy, PIPELINE_AXIS), fold)
     except StrategyError as exc:
         raise _per_microbatch(exc, options.microbatches) from None
-    report(0.4, "lowering")
-    program = lower(completed)
     if options.balance == "time":
         if cluster is None:
             raise PipelineError("pipeline option balance 'time' needs a cluster to time the "
@@ -170,6 +169,31 @@ def build_pipelined(
         PipelineReport(options, assignment, raw[-1].cost, tied),
         [(s.name, s.program, s.summary, s.cost) for s in raw],
     )
+
+
+#: Completed and lowered one-micro-batch programs kept per worker process (`lowered_stage`).
+LOWERED = Reuse[tuple[Graph, CompletedGraph, DistProgram]]("pipeline stage lowering", 8)
+
+
+def lowered_stage(
+    training: Graph, stage: Strategy, fold: bool = True
+) -> tuple[CompletedGraph, DistProgram]:
+    """`training` completed and lowered under one stage's strategy (`stage_strategy`).
+
+    Both depend on the training graph (one micro-batch's, with its optimizer and
+    recomputation), the stage's mesh, templates and annotations only, not on the schedule,
+    the micro-batch count's layout or the stage assignment: candidates of a search that
+    differ only in those reuse them (`LOWERED`, keyed by the training graph's identity, which
+    the entry keeps alive). Nothing downstream changes them in place (passes and the split
+    build new programs). The completed graph handed back carries `stage` itself."""
+    key = (id(training), stage.mesh, stage.templates, stage.annotations, fold)
+
+    def make() -> tuple[Graph, CompletedGraph, DistProgram]:
+        completed = complete(training, stage, fold)
+        return training, completed, lower(completed)
+
+    _, completed, program = LOWERED.get(key, make)
+    return replace(completed, strategy=stage), program
 
 
 def _per_microbatch(exc: StrategyError, microbatches: int) -> StrategyError:

@@ -58,6 +58,7 @@ from shardlab.passes.pipeline_split import Split
 from shardlab.passes.pipeline_stages import StageAssignment
 from shardlab.placement import Replicate, local_shape
 from shardlab.program import DistOp, DistProgram
+from shardlab.reuse import Reuse
 
 Phase = Literal["F", "B"]
 
@@ -344,14 +345,19 @@ def _tied_reduces(
     return out
 
 
+#: Simulated units kept per worker process, by their content (`_Alike`): the stages of a
+#: plan, its schedules and its sibling recipes (dp, ZeRO-1, ZeRO-2 run the same units) meet
+#: the same units again and again.
+UNITS = Reuse[tuple[float, tuple[Event, ...], list[DistOp]]]("pipeline units", 512)
+
+
 class _Alike:
     """Units whose ops match one already simulated, op for op (the same kinds, shapes,
     placements, collectives and dependencies; only the layer numbers in their names differ,
-    as in the middle stages of a model of repeated layers), on ranks of the same roles,
-    take its time and events, renamed: each distinct unit is simulated once."""
-
-    def __init__(self) -> None:
-        self.known: dict[Hashable, tuple[float, tuple[Event, ...], list[DistOp]]] = {}
+    as in the middle stages of a model of repeated layers), on ranks of the same roles in a
+    mesh of the same shape, on the same cluster and table, take its time and events,
+    renamed: each distinct unit is simulated once per worker process (`UNITS`), whichever
+    plan, schedule or sibling recipe meets it first."""
 
     def unit(
         self,
@@ -363,17 +369,23 @@ class _Alike:
     ) -> tuple[float, tuple[Event, ...]]:
         ops = [program.ops[i] for i in indices]
         key = _shape_key(program, ops, mesh, cluster)
-        if key is not None and key in self.known:
-            seconds, events, twin = self.known[key]
-            name = {a.name: b for a, b in zip(twin, ops, strict=True)}
-            return seconds, tuple(
-                replace(e, name=name[e.name].name, scope=name[e.name].scope) for e in events
-            )
-        timeline = _fragment_timeline(program, indices, mesh, cluster, table)
-        events = tuple(timeline.events[min(timeline.events)])
-        if key is not None:
-            self.known[key] = (timeline.step_time, events, ops)
-        return timeline.step_time, events
+        if key is None:
+            timeline = _fragment_timeline(program, indices, mesh, cluster, table)
+            return timeline.step_time, tuple(timeline.events[min(timeline.events)])
+
+        def simulate_unit() -> tuple[float, tuple[Event, ...], list[DistOp]]:
+            timeline = _fragment_timeline(program, indices, mesh, cluster, table)
+            return timeline.step_time, tuple(timeline.events[min(timeline.events)]), ops
+
+        seconds, events, twin = UNITS.get((key, mesh.axis_names, mesh.shape, cluster, table),
+                                          simulate_unit)  # fmt: skip
+        if twin is ops or all(a.name == b.name and a.scope == b.scope
+                              for a, b in zip(twin, ops, strict=True)):  # fmt: skip
+            return seconds, events
+        name = {a.name: b for a, b in zip(twin, ops, strict=True)}
+        return seconds, tuple(
+            replace(e, name=name[e.name].name, scope=name[e.name].scope) for e in events
+        )
 
 
 def _shape_key(
