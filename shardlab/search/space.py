@@ -253,8 +253,10 @@ def _microbatch_counts(mesh: Mesh3, shape: ModelShape) -> list[int]:
 def hsdp_shard(mesh: Mesh3, devices_per_node: int) -> int | None:
     """The `dps` of HSDP on `mesh`: the data-parallel ranks of one node (a node's devices
     over tp), where the data-parallel ranks span several nodes; None where HSDP would be
-    FSDP (all in one node) or the node's ranks do not divide them."""
-    if mesh.tp > devices_per_node or devices_per_node % mesh.tp:
+    FSDP (all in one node) or the node's ranks do not divide them, and on meshes with
+    pipeline stages (tried there, HSDP added half again to a 384-GPU search's time; its
+    use is scaling data parallelism out without stages)."""
+    if mesh.pp > 1 or mesh.tp > devices_per_node or devices_per_node % mesh.tp:
         return None
     shard = devices_per_node // mesh.tp
     return shard if 1 < shard < mesh.dp and mesh.dp % shard == 0 else None

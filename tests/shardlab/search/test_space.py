@@ -93,7 +93,8 @@ def test_hsdp_shards_within_a_node_and_replicates_across():
     data_parallel_shard_degree / data_parallel_replicate_degree."""
     assert hsdp_shard(Mesh3(1, 64, 1), 8) == 8
     assert hsdp_shard(Mesh3(1, 16, 2), 8) == 4
-    assert hsdp_shard(Mesh3(2, 4, 8), 8) is None  # one rank per node: that is dp
+    assert hsdp_shard(Mesh3(1, 4, 8), 8) is None  # one rank per node: that is dp
+    assert hsdp_shard(Mesh3(2, 16, 1), 8) is None  # not tried with pipeline stages
     assert hsdp_shard(Mesh3(1, 8, 1), 8) is None  # all in one node: that is FSDP
     assert hsdp_shard(Mesh3(1, 12, 1), 8) is None  # 8 does not divide 12
     found = [c for c in base_candidates(Mesh3(1, 16, 2), (None, None, None), 8)
