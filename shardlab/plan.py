@@ -94,12 +94,6 @@ class Plan:
     #: (then `program` and `training` are one micro-batch's, and `cost` is None)
     pipeline: PipelineReport | None = None
 
-    @property
-    def accumulation(self) -> int:
-        """Micro-batches accumulated before each optimizer step without a `pp` axis (1:
-        none); the plan is then a pipeline of one stage (`Strategy.schedule_strategy`)."""
-        return self.strategy.accumulation
-
     def collectives_by_kind(self) -> dict[str, dict[str, Any]]:
         """Per comm kind: count, bytes per rank, and the most common reasons.
 

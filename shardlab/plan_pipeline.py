@@ -36,11 +36,9 @@ from shardlab.program import DistProgram
 from shardlab.rebatch import microbatch_model
 from shardlab.reuse import Reuse
 from shardlab.spmd.complete import CompletedGraph, complete
-from shardlab.strategy import Strategy, StrategyError
+from shardlab.strategy import PIPELINE_AXIS, Strategy, StrategyError
 from shardlab.templates import REDUCE_EVERY_MICROBATCH
 
-#: The mesh axis a pipeline splits the layers along.
-PIPELINE_AXIS = "pp"
 #: Passes that must not run on the one-micro-batch program of all stages: a bucket would
 #: mix gradients of several stages. They run per stage on the detailed pipeline programs
 #: (`passes.pipeline_passes`); here the gradient reductions stay as lowered, after the

@@ -144,6 +144,15 @@ class Strategy:
         micro-batches are its option `pipeline`."""
         return int(self.options.get("microbatches", 1))
 
+    def accumulating(self, microbatches: int | None) -> Strategy:
+        """This strategy with gradient accumulation over `microbatches` (option
+        `microbatches`, checked against the mesh); itself for None or 1."""
+        if microbatches is None or microbatches == 1:
+            return self
+        options = {**self.options, "microbatches": microbatches}
+        check_options(options, self.mesh)
+        return Strategy(self.mesh, self.templates, self.annotations, options)
+
     @property
     def pipelined(self) -> bool:
         """Whether the plan runs a schedule of micro-batches: a `pp` axis, or accumulation."""

@@ -231,11 +231,7 @@ def schedule_flags(
             f"--virtual-stages {virtual_stages} needs a 'pp' mesh axis, and mesh "
             f"{strategy.mesh} has none"
         )
-    if microbatches is None or microbatches == 1:
-        return strategy
-    options = {**strategy.options, "microbatches": microbatches}
-    check_options(options, strategy.mesh)
-    return dataclasses.replace(strategy, options=options)
+    return strategy.accumulating(microbatches)
 
 
 def pipelined(

@@ -165,11 +165,7 @@ def with_pipeline(
                 "--schedule and --virtual-stages pipeline a mesh's 'pp' axis; "
                 f"mesh {strategy.mesh} has none"
             )
-        if microbatches is None or microbatches == 1:
-            return strategy
-        options = {**strategy.options, "microbatches": microbatches}
-        check_options(options, strategy.mesh)
-        return dataclasses.replace(strategy, options=options)
+        return strategy.accumulating(microbatches)
     settings.update({"microbatches": microbatches} if microbatches is not None else {})
     options = {**strategy.options, "pipeline": settings}
     check_options(options, strategy.mesh)  # a schedule or count it cannot run is named

@@ -275,13 +275,16 @@ def cost_pipeline_slots(
     tied = _tied_reduces(program, split, mesh, axis, cluster, ends)
     tied_end = [max((t.end_s for t in tied if s in t.stages), default=0.0) for s in range(pp)]
     stages = []
+    backward = sorted(units.get((0, "B"), []))  # one stage's (gradient accumulation)
     every = 0.0  # seconds each micro-batch but the last adds: its exposed reductions
     if reduce_each_microbatch and pp == 1 and v == 1:
-        every = _reductions_per_microbatch(program, tails.get(0, []), units, mesh.submesh(axis, 0),
-                                           cluster, table)  # fmt: skip
+        reductions = [i for i in tails.get(0, []) if program.ops[i].kind in GRADIENT_REDUCTIONS]
+        every = _beside_backward(program, reductions, backward, times.get((0, "B"), 0.0),
+                                 mesh.submesh(axis, 0), cluster, table)  # fmt: skip
     for s in range(pp):
         sub = mesh.submesh(axis, s)
-        tail = _tail_time(program, tails.get(s, []), units, assignment, s, sub, cluster, table)
+        tail = _tail_time(program, tails.get(s, []), backward, times.get((0, "B"), 0.0),
+                          assignment, sub, cluster, table)  # fmt: skip
         tail += every * (microbatches - 1)
         chunks = tuple(assignment.chunks_of_stage(s))
         stages.append(
@@ -413,47 +416,41 @@ def _shape_key(
 def _tail_time(
     program: DistProgram,
     tail: Sequence[int],
-    units: dict[tuple[int, str], list[int]],
+    backward: Sequence[int],
+    backward_s: float,
     assignment: StageAssignment,
-    stage: int,
     mesh: Mesh,
     cluster: Cluster,
     table: CalibrationTable | None,
 ) -> float:
-    """Seconds stage `stage` spends after its last backward unit: the gradient reductions
-    and the optimizer step (its tail). A pipeline (Megatron-LM as in 2021) runs them after
-    the last backward; gradient accumulation (one stage) overlaps the reductions with the
-    last micro-batch's backward as Megatron-Core's `overlap_grad_reduce` and FSDP2 do, so
-    its tail is what the backward and the tail together take beyond the backward alone."""
+    """Seconds a stage spends after its last backward unit (`backward`, its ops, taking
+    `backward_s`): the gradient reductions and the optimizer step (its tail). A pipeline
+    (Megatron-LM as in 2021) runs them after the last backward; gradient accumulation (one
+    stage) overlaps the reductions with the last micro-batch's backward as Megatron-Core's
+    `overlap_grad_reduce` and FSDP2 do, so its tail is what it adds to that backward."""
     alone = _fragment_timeline(program, sorted(tail), mesh, cluster, table).step_time
-    if assignment.pp > 1 or assignment.virtual_stages > 1 or not tail:
+    if assignment.pp > 1 or assignment.virtual_stages > 1 or not tail or not backward:
         return alone
-    backward = sorted(units.get((0, "B"), []))
-    if not backward:
-        return alone
-    last = _fragment_timeline(program, backward, mesh, cluster, table).step_time
-    both = _fragment_timeline(program, sorted([*backward, *tail]), mesh, cluster, table)
-    return min(alone, max(0.0, both.step_time - last))
+    return min(alone, _beside_backward(program, tail, backward, backward_s, mesh, cluster, table))
 
 
-def _reductions_per_microbatch(
+def _beside_backward(
     program: DistProgram,
-    tail: Sequence[int],
-    units: dict[tuple[int, str], list[int]],
+    extra: Sequence[int],
+    backward: Sequence[int],
+    backward_s: float,
     mesh: Mesh,
     cluster: Cluster,
     table: CalibrationTable | None,
 ) -> float:
-    """Seconds the gradient reductions of one micro-batch add to its backward where the
-    recipe reduces every micro-batch (FSDP2 reduce-scatters after each backward and sums
-    the shards): the backward unit with the tail's collectives, less the backward alone."""
-    backward = sorted(units.get((0, "B"), []))
-    reductions = [i for i in tail if program.ops[i].kind in GRADIENT_REDUCTIONS]
-    if not backward or not reductions:
+    """Seconds the ops `extra` add to a backward unit (`backward`, taking `backward_s`) when
+    they run beside it: the gradient reductions of one micro-batch where the recipe reduces
+    every micro-batch (FSDP2 reduce-scatters after each backward and sums the shards), or
+    the whole tail after the last one."""
+    if not extra or not backward:
         return 0.0
-    alone = _fragment_timeline(program, backward, mesh, cluster, table).step_time
-    both = _fragment_timeline(program, sorted([*backward, *reductions]), mesh, cluster, table)
-    return max(0.0, both.step_time - alone)
+    both = _fragment_timeline(program, sorted([*backward, *extra]), mesh, cluster, table)
+    return max(0.0, both.step_time - backward_s)
 
 
 #: The collectives that reduce gradients over the data-parallel ranks.

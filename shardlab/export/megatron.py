@@ -44,7 +44,7 @@ import math
 from shardlab.export.arguments import ArgumentFile
 from shardlab.export.dtensor import ZERO_STATE_ONLY, DTensorExport, derive_export
 from shardlab.export.parameters import EMBEDDING, LINEAR, PIPELINE_AXIS, ExportError
-from shardlab.export.torchtitan import batch_and_seq
+from shardlab.export.torchtitan import batch_and_seq, mesh_out_of_order
 from shardlab.ir import ValueKind
 from shardlab.placement import Replicate
 from shardlab.plan import Plan
@@ -207,9 +207,7 @@ def megatron_run(plan: Plan) -> ArgumentFile:
         notes.append(
             "the plan gathers the logits before the loss; Megatron-LM's loss is vocab-parallel"
         )
-    roles = [PIPELINE_AXIS if a == PIPELINE_AXIS else export.roles[a] for a in export.mesh_axes]
-    ranked = [r for r in reversed(roles) if r in MEGATRON_ORDER]
-    if ranked != sorted(ranked, key=MEGATRON_ORDER.index):
+    if mesh_out_of_order(export, MEGATRON_ORDER, inner_first=True):
         notes.append(
             f"the plan's mesh order ({', '.join(export.mesh_axes)}) differs from Megatron-LM's "
             "(pp, dp, cp, tp from outer to inner): ranks are grouped differently"

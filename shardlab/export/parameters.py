@@ -32,7 +32,7 @@ from shardlab.errors import ShardlabError
 from shardlab.ir import Graph, ValueKind
 from shardlab.placement import Partial, Placement, Shard
 from shardlab.plan import Plan
-from shardlab.plan_pipeline import PIPELINE_AXIS
+from shardlab.strategy import PIPELINE_AXIS
 
 #: Kinds of module a parameter can belong to, by the forward op that reads it.
 LINEAR, EMBEDDING, NORM, OTHER = "linear", "embedding", "norm", "other"

@@ -103,6 +103,26 @@ _HALF = ("bfloat16", "float16")
 TorchtitanRun = ArgumentFile
 
 
+def mesh_out_of_order(export: DTensorExport, order: tuple[str, ...], inner_first: bool) -> bool:
+    """Whether the plan's mesh axes, by role (`pp` for the pipeline axis), run in another
+    order than a framework's `order` (outer to inner, or `inner_first`): its ranks are then
+    grouped otherwise than the plan's."""
+    roles = [PIPELINE_AXIS if a == PIPELINE_AXIS else export.roles[a] for a in export.mesh_axes]
+    ranked = [r for r in (reversed(roles) if inner_first else roles) if r in order]
+    return ranked != sorted(ranked, key=order.index)
+
+
+def microbatch_size(local: int, microbatches: int) -> int:
+    """Sequences per micro-batch of a rank's `local` batch, or an ExportError naming the
+    micro-batches it does not divide into."""
+    if local % microbatches:
+        raise ExportError(
+            f"the local batch {local} does not divide into {microbatches} micro-batches",
+            microbatches=microbatches,
+        )
+    return local // microbatches
+
+
 def batch_and_seq(plan: Plan) -> tuple[int, int | None]:
     """(global batch, sequence length or None) from the model's first batched input."""
     for v in plan.model.values_of_kind(ValueKind.INPUT):
@@ -274,17 +294,11 @@ def torchtitan_run(plan: Plan) -> ArgumentFile:
         args.append(["--parallelism.fsdp_reshard_after_forward", "never"])
     if plan.pipeline is not None and pp > 1:
         options = plan.pipeline.options
-        if local % options.microbatches:
-            raise ExportError(
-                f"the local batch {local} does not divide into {options.microbatches} "
-                "micro-batches",
-                microbatches=options.microbatches,
-            )
+        micro = microbatch_size(local, options.microbatches)
         args += [
             ["--training.disable_cuda_graphs"],  # torchtitan 0.3: no CUDA graphs with pp
             ["--parallelism.pipeline_parallel_schedule", SCHEDULE_NAMES[options.schedule]],
-            ["--parallelism.pipeline_parallel_microbatch_size",
-             str(local // options.microbatches)],
+            ["--parallelism.pipeline_parallel_microbatch_size", str(micro)],
             ["--parallelism.module_fqns_per_model_part", *_torchtitan_parts(plan, export)],
         ]  # fmt: skip
     args.append([AC_SUBCOMMANDS[export.recompute]])
@@ -298,9 +312,7 @@ def torchtitan_run(plan: Plan) -> ArgumentFile:
             "torchtitan reduces gradients in float32 (training.mixed_precision_reduce takes "
             f"only float32); the plan reduces them in {dtype}, half the bytes"
         )
-    roles = [PIPELINE_AXIS if a == PIPELINE_AXIS else export.roles[a] for a in export.mesh_axes]
-    ranked = [r for r in roles if r in TORCHTITAN_ORDER]
-    if ranked != sorted(ranked, key=TORCHTITAN_ORDER.index):
+    if mesh_out_of_order(export, TORCHTITAN_ORDER, inner_first=False):
         notes.append(
             f"the plan's mesh order ({', '.join(export.mesh_axes)}) differs from torchtitan's "
             "(pp, dp_replicate, dp_shard, tp): ranks are grouped differently"

@@ -35,6 +35,8 @@ from shardlab.export.torchtitan import (
     SCHEDULE_NAMES,
     TORCHTITAN_ORDER,
     batch_and_seq,
+    mesh_out_of_order,
+    microbatch_size,
     model_parts,
 )
 from shardlab.plan import Plan
@@ -72,9 +74,7 @@ def render_torchtitan_toml(plan: Plan) -> str:
     roles = {a: r for a, r in export.roles.items()}
     comments += [f"# mesh axis {comment_text(repr(a))} is idle (no placement uses it)."
                  for a, r in roles.items() if r == IDLE]  # fmt: skip
-    order = [PIPELINE_AXIS if a == PIPELINE_AXIS else roles[a] for a in export.mesh_axes]
-    ranked = [r for r in order if r in TORCHTITAN_ORDER]
-    if ranked != sorted(ranked, key=TORCHTITAN_ORDER.index):
+    if mesh_out_of_order(export, TORCHTITAN_ORDER, inner_first=False):
         comments.append(
             f"# the plan's mesh order ({comment_text(', '.join(export.mesh_axes))}) differs "
             "from torchtitan's "
@@ -93,15 +93,10 @@ def render_torchtitan_toml(plan: Plan) -> str:
     ]
     if plan.pipeline is not None:
         options = plan.pipeline.options
-        if local % options.microbatches:
-            raise ExportError(
-                f"the local batch {local} does not divide into {options.microbatches} "
-                "micro-batches",
-                microbatches=options.microbatches,
-            )
+        micro = microbatch_size(local, options.microbatches)
         par += [
             ("pipeline_parallel_schedule", SCHEDULE_NAMES[options.schedule]),
-            ("pipeline_parallel_microbatch_size", local // options.microbatches),
+            ("pipeline_parallel_microbatch_size", micro),
             ("module_fqns_per_model_part", model_parts(plan, export)),
         ]
     lines = [*comments, "", "[training]", f"local_batch_size = {local}"]

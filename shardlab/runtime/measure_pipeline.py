@@ -39,7 +39,7 @@ from shardlab.errors import ExecutionError
 from shardlab.ops.base import Array
 from shardlab.passes.pipeline import PipelineProgram, microbatch_of, pipeline_program
 from shardlab.plan import Plan
-from shardlab.plan_pipeline import PIPELINE_AXIS, PipelineReport
+from shardlab.plan_pipeline import PipelineReport
 from shardlab.program import DistOp
 from shardlab.runtime import hazards as hz
 from shardlab.runtime.measure import (
@@ -56,6 +56,7 @@ from shardlab.runtime.measure import (
 )
 from shardlab.runtime.reference import make_feeds
 from shardlab.runtime.torch_pipeline import time_pipeline_torch
+from shardlab.strategy import PIPELINE_AXIS
 
 #: Kinds outside the per-op rows: transfers (their time is the bubble's) and sync ops.
 UNPRICED = hz.P2P_KINDS | hz.SYNC_KINDS
