@@ -14,10 +14,18 @@ the search plans first. On `pp x dp x tp` with `m` micro-batches and `v` chunks 
 - Bubble. However the stages differ, 1F1B takes at least `(m + pp - 1)` units of the average
   stage, and interleaving `v` chunks `(m + (pp - 1) / v)`: the step is at least
   `C * (1 + (pp - 1) / (v * m))`.
-- The busiest stage. Layers do not split: some stage holds at least `k = ceil(L / pp)` of
-  the `L` layers and runs each on all `pp` shares of the flat rank's sequences, so the step
-  is at least its work `k * pp * C_layers / L`, `C_layers` the flat rank's work in the
-  repeated layers (on 64 stages of 80 layers, 1.6 times the layers' average).
+- The busiest stage. Layers do not split: each stage runs its layers on all `pp` shares of
+  the flat rank's sequences, every chunk holds a layer, the first stage runs the embedding
+  and the last the head and loss (`C_first`, `C_last`: the flat rank's work in the modules
+  before and after the layers, `evaluate.edge_work`). So some stage works at least `pp`
+  times the least largest share of whole layers (`C_layers / L` each) with those modules
+  that any split can give (`busiest_stage`: on 64 stages of 80 layers, 1.6 times the
+  layers' average; on 24 stages of a 48-layer GPT whose head weighs a layer, 1.5 times).
+- The last stage. It starts once the first micro-batch's forward has crossed the stages
+  before it, and the last micro-batch's backward crosses them again after it ends: at
+  least one layer per chunk before it each way, and with one chunk per stage the whole
+  work of one micro-batch on those stages, `(total - own) / m` (`last_stage`; the bubble
+  of an uneven pipeline whose head outweighs its share of layers).
 - Both count the exposed tensor-parallel collectives with the compute: every micro-batch
   waits for its own, as a flat rank does.
 - Recomputation only adds work: a leaner recipe's step is at least that of the same plan
@@ -61,6 +69,7 @@ against every pipelined candidate of two small spaces (`tests/shardlab/search/te
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -84,6 +93,9 @@ class FlatWork:
 
     step: float
     layers: float
+    #: the modules before the layers (the embedding) and after them (head and loss)
+    first: float = 0.0
+    last: float = 0.0
 
 
 def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, FlatWork]:
@@ -98,9 +110,12 @@ def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, FlatWork]:
         work = FlatWork(
             (t["compute_s"] - t.get("optimizer_s", 0.0) + t.get("exposed_tp_s", 0.0)) * scale,
             t.get("layers_s", 0.0) * scale,
+            t.get("first_s", 0.0) * scale,
+            t.get("last_s", 0.0) * scale,
         )
         least = out.get(c.mesh.tp, work)
-        out[c.mesh.tp] = FlatWork(min(work.step, least.step), min(work.layers, least.layers))
+        out[c.mesh.tp] = FlatWork(min(work.step, least.step), min(work.layers, least.layers),
+                                  min(work.first, least.first), min(work.last, least.last))
     return out
 
 
@@ -120,8 +135,53 @@ def step_bound(candidate: Candidate, work: dict[int, FlatWork], layers: int) -> 
     if c.mesh.pp == 1 or c.mesh.tp not in work:
         return None
     w, pp = work[c.mesh.tp], c.mesh.pp
-    busiest = math.ceil(layers / pp) * pp * w.layers / max(layers, 1)
-    return max(w.step * bubble_factor(c), busiest)
+    return max(w.step * bubble_factor(c), busiest_stage(c, w, layers), last_stage(c, w, layers))
+
+
+def busiest_stage(candidate: Candidate, w: FlatWork, layers: int) -> float:
+    """The least work of the busiest stage (module docstring): the layers dealt out whole,
+    at least one per chunk, the embedding's work on the first stage and the head's on the
+    last, each stage running `pp` flat ranks' shares of the sequences."""
+    c = candidate
+    pp, v = c.mesh.pp, c.virtual_stages or 1
+    return pp * _least_largest_share(layers, pp, v, w.layers / max(layers, 1), w.first, w.last)
+
+
+@functools.lru_cache(maxsize=4096)
+def _least_largest_share(
+    layers: int, pp: int, v: int, layer: float, first: float, last: float
+) -> float:
+    """The least largest work of `pp` stages sharing `layers` whole layers of `layer`
+    seconds, at least `v` each, the first with `first` on top and the last with `last`
+    (the walk asks again for every queued candidate at every step)."""
+    extra = [first, *[0.0] * (pp - 2), last]
+    if layer <= 0 or layers < pp * v:
+        return max(extra)
+
+    def holds(limit: float) -> bool:  # can every stage stay within `limit`?
+        most = [math.floor((limit - e) / layer + 1e-9) for e in extra]
+        return min(most) >= v and sum(most) >= layers
+
+    options = sorted({n * layer + e for e in set(extra) for n in range(v, layers + 1)})
+    lo, hi = 0, len(options) - 1  # the last option holds: every stage may take all layers
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(options[mid]) else (mid + 1, hi)
+    return options[lo]
+
+
+def last_stage(candidate: Candidate, w: FlatWork, layers: int) -> float:
+    """The least step through the last stage (module docstring): its own work (at least one
+    layer per chunk and the head's), after the first micro-batch's forward reaches it and
+    before the last one's backward leaves the stages before it."""
+    c = candidate
+    pp, v, m = c.mesh.pp, c.virtual_stages or 1, c.microbatches or 1
+    layer = w.layers / max(layers, 1)
+    own = pp * (v * layer + w.last)
+    if v == 1:  # the stages before hold every other layer: their work of one micro-batch
+        total = pp * (w.layers + w.first + w.last)
+        return own + (total - own) / m
+    return own + pp * ((pp - 1) * layer + w.first) / m  # one layer per chunk before it
 
 
 def cannot_win(bound: float | None, best: float | None) -> bool:
@@ -209,9 +269,12 @@ def pipeline_basis(candidate: Candidate, work: dict[int, FlatWork], layers: int)
     """What a pipelined candidate's bound stands on, for the skipped list."""
     c = candidate
     w = work[c.mesh.tp]
-    k = math.ceil(layers / c.mesh.pp)
-    if k * c.mesh.pp * w.layers / max(layers, 1) > w.step * bubble_factor(c):
-        return f"its busiest stage's {k} layers take"
+    bubble, busiest = w.step * bubble_factor(c), busiest_stage(c, w, layers)
+    last = last_stage(c, w, layers)
+    if busiest >= max(bubble, last):
+        return "its busiest stage takes"
+    if last > bubble:
+        return "its last stage, with the head, between the first and last micro-batches takes"
     return f"its compute with the pipeline's {bubble_factor(c) - 1:.0%} bubble takes"
 
 

@@ -18,6 +18,7 @@ from shardlab.cost.timeline import Event
 from shardlab.errors import ShardlabError
 from shardlab.ir import Graph, OpRole
 from shardlab.plan import build_plan
+from shardlab.program import DistProgram
 from shardlab.search.space import Candidate
 
 
@@ -33,7 +34,8 @@ class Evaluation:
     mfu: float | None = None
     #: step-time terms for "why this one": compute (of which the optimizer's), comm, exposed
     #: comm (of which on the tensor-parallel axis, `exposed_tp_s`); the repeated layers' share
-    #: (`layers_s`, `layer_work`);
+    #: (`layers_s`, `layer_work`) and the modules before and after them (`first_s`,
+    #: `last_s`: `edge_work`);
     #: a pipeline's bubble fraction and when its last stage ends its forward and backward
     #: units (`stages_end_s`: the step before the stages' tails, `bound.sibling_work`)
     terms: dict[str, float] = field(default_factory=dict)
@@ -90,6 +92,31 @@ def layer_work(events: Iterable[Event]) -> float:
     return exposed_tp_comm(inside) + sum(e.duration for e in inside if not e.is_comm)
 
 
+def _in_layers(scope: str) -> bool:
+    return scope == "layers" or scope.startswith("layers.")
+
+
+def edge_work(events: Iterable[Event], program: DistProgram) -> tuple[float, float]:
+    """Seconds of the forward and backward work outside the repeated layers (compute and
+    exposed tensor-parallel collectives): in the modules before them (the embedding) and
+    after them (final norm, head, loss), which a pipeline's first and last stages run."""
+    first_layer = next((i for i, op in enumerate(program.ops) if _in_layers(op.scope)), None)
+    before = {op.scope.split(".")[0] for op in program.ops[:first_layer]
+              if op.scope and op.role == OpRole.FORWARD}  # fmt: skip
+    first = last = 0.0
+    for e in events:
+        if not e.scope or _in_layers(e.scope) or e.role == OpRole.OPTIMIZER:
+            continue
+        if e.is_comm and e.stream != "comm:tp":
+            continue
+        seconds = e.exposed if e.is_comm else e.duration
+        if e.scope.split(".")[0] in before:
+            first += seconds
+        else:
+            last += seconds
+    return first, last
+
+
 def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: float) -> Evaluation:
     """Plan `candidate` for `model` (the whole global batch) on `cluster` and cost it."""
     usable = int(cluster.hbm_bytes * (1.0 - headroom))
@@ -112,6 +139,7 @@ def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: flo
         events = cost.timeline.events_of(0)
         out.terms["exposed_tp_s"] = exposed_tp_comm(events)
         out.terms["layers_s"] = layer_work(events)
+        out.terms["first_s"], out.terms["last_s"] = edge_work(events, plan.program)
     else:
         out.terms = {"bubble_fraction": cost.bubble_fraction,
                      "stages_end_s": max(s.end_s for s in cost.stages)}  # fmt: skip

@@ -13,8 +13,10 @@ from shardlab.search.bound import (
     MEMORY_SLACK,
     FlatWork,
     bubble_factor,
+    busiest_stage,
     cannot_win,
     flat_work,
+    last_stage,
     leaner_or_equal,
     sibling_bound,
     sibling_work,
@@ -69,6 +71,10 @@ def test_no_pipelined_candidate_beats_its_bound(name):
         assert e.step_time_s >= bound[0], (e.candidate.label(), bound)
     same = [e for e in checked if e.candidate.dp_recipe in ("dp", "zero1", "zero2")]
     assert any(sibling_bound(e.candidate, siblings)[0] == e.terms["stages_end_s"] for e in same)
+    # the last stage with the head binds on the compute-bound space's deeper pipelines
+    last = [e for e in piped if last_stage(e.candidate, work[e.candidate.mesh.tp], config["layers"])
+            > work[e.candidate.mesh.tp].step * bubble_factor(e.candidate)]  # fmt: skip
+    assert last or name == "tiny, launch-bound"
     # the bound is not vacuous: it skips some candidates against the best flat plan
     best = min(e.step_time_s for e in every if e.candidate.mesh.pp == 1 and e.fits)
     assert any(cannot_win(step_bound(e.candidate, work, config["layers"]), best) for e in piped)
@@ -86,3 +92,29 @@ def test_the_bubble_factor_of_each_schedule():
     # the busiest of 4 stages holds 2 of 5 layers: 2 x 4 / 5 of the layers' work
     assert step_bound(one_f, {1: FlatWork(1.0, 0.9)}, 5) == pytest.approx(0.9 * 8 / 5)
     assert step_bound(one_f, {1: FlatWork(1.0, 0.9)}, 4) == pytest.approx(1 + 3 / 8)
+
+
+def test_the_stages_bounds_deal_out_whole_layers_and_the_head():
+    """The 30B GPT of the search benchmark on tp=4: a layer takes 14.1 ms of a flat rank,
+    the embedding 0.7 ms and the head with its loss 16.6 ms."""
+    from shardlab.search.space import Candidate, Mesh3
+
+    work = FlatWork(0.717, 48 * 0.0141, 0.0007, 0.0166)
+    deep = Candidate(Mesh3(24, 4, 4), "dp", True, "none", "1f1b", 48, None)
+    # 24 stages of 2 layers, but the last with the head keeps 1 (14.1 + 16.6 = 30.7 ms),
+    # so some other stage holds 3: 42.3 ms of a flat rank, 24 shares of it
+    assert busiest_stage(deep, work, 48) == pytest.approx(24 * 3 * 0.0141)
+    # the last stage (1 layer and the head) between the first and last micro-batch's trips
+    # through the 23 stages before it: 1/48 of their work each way
+    own = 24 * (0.0141 + 0.0166)
+    total = 24 * (48 * 0.0141 + 0.0007 + 0.0166)
+    assert last_stage(deep, work, 48) == pytest.approx(own + (total - own) / 48)
+    assert step_bound(deep, {4: work}, 48) == pytest.approx(own + (total - own) / 48)
+    assert step_bound(deep, {4: work}, 48) > 0.717 * bubble_factor(deep)
+    # interleaved: one layer per chunk on the stages before the last, once each way
+    inter = Candidate(Mesh3(8, 12, 4), "dp", True, "none", "interleaved", 16, 2)
+    assert last_stage(inter, work, 48) == pytest.approx(
+        8 * (2 * 0.0141 + 0.0166) + 8 * (7 * 0.0141 + 0.0007) / 16)
+    # one stage cannot hold fewer than its chunks' layers: 2 stages x 2 chunks of 4 layers
+    two = Candidate(Mesh3(2, 1, 4), None, True, "none", "interleaved", 4, 2)
+    assert busiest_stage(two, FlatWork(1.0, 0.4, 0.0, 0.5), 4) == pytest.approx(2 * (0.2 + 0.5))
