@@ -8,6 +8,8 @@ The JSON form lives in `shardlab.graph_json`.
 
 from __future__ import annotations
 
+import functools
+
 import heapq
 import math
 from collections.abc import Iterable, Mapping
@@ -255,6 +257,16 @@ class Graph:
             return self._ops_by_name[name]
         except KeyError:
             raise GraphError(f"graph {self.name!r} has no op {name!r}", op=name) from None
+
+    @functools.cached_property
+    def sources(self) -> tuple[str, ...]:
+        """The values no op writes (inputs, parameters, optimizer states), in the graph's
+        order."""
+        return tuple(name for name in self._values if name not in self._producer)
+
+    def find_op(self, name: str) -> Op | None:
+        """The op named `name`, or None where the graph has none."""
+        return self._ops_by_name.get(name)
 
     def producer(self, value_name: str) -> Op | None:
         """The op that writes `value_name`, or None for a source value."""

@@ -198,7 +198,6 @@ class _Scan:
         self.program = program
         self.training = training
         self._sizes: dict[tuple[object, object], int] = {}
-        serial_ops = {op.name: op for op in training.ops}
         phase = _phases(program.ops)
         self.serial: dict[str, str] = {}  # program value -> training value it holds
         self.owner: dict[str, str] = {}  # program value -> the value whose buffer it uses
@@ -212,8 +211,8 @@ class _Scan:
         #: the gradients' buffers kept all step (module docstring): a reduction of one
         #: (all-reduce, reduce-scatter) writes into it, as Megatron's and DDP's do
         self.persistent = {x for g in self.grads if (x := program.values.get(g)) is not None}
-        for name in training.values:
-            if training.producer(name) is None and name in read:
+        for name in training.sources:
+            if name in read:
                 self.serial[name] = self.owner[name] = name
         for i, op in enumerate(program.ops):
             for v in op.inputs:
@@ -227,7 +226,7 @@ class _Scan:
                     read_late.add(v)
             inplace = op.attrs.get("inplace")
             for j, out in enumerate(op.outputs):
-                self.serial[out] = _serial_of(op, j, serial_ops)
+                self.serial[out] = _serial_of(op, j, training)
                 src = inplace[j] if isinstance(inplace, list) and j < len(inplace) else None
                 if src is None and _reduces_in_place(op, self.owner, self.persistent):
                     src = 0
@@ -283,14 +282,13 @@ class _Scan:
         """Per-rank bytes of every param, param gradient and optimizer state value in its
         completed placement (`program.values`): ZeRO's "model states"."""
         out = dict.fromkeys(MODEL_STATE, 0)
-        for value in self.training.values.values():
-            name = value.name
-            source = self.training.producer(name) is None and name in self.owner
-            if source and value.kind in _SOURCE_CATEGORY:
-                category = _SOURCE_CATEGORY[value.kind]
-                if category in out:
-                    out[category] += self.nbytes(name)
-            elif name in self.grads and name in self.program.values:
+        values = self.training.values
+        for name in self.training.sources:
+            category = _SOURCE_CATEGORY.get(values[name].kind)
+            if name in self.owner and category in out:
+                out[category] += self.nbytes(name)
+        for name in self.grads:
+            if name in values and name in self.program.values:
                 out["gradients"] += self.nbytes(self.program.values[name])
         return out
 
@@ -347,11 +345,11 @@ def _phases(ops: Sequence[DistOp]) -> list[int]:
     return phase
 
 
-def _serial_of(op: DistOp, j: int, serial_ops: dict[str, Op]) -> str:
+def _serial_of(op: DistOp, j: int, training: Graph) -> str:
     """The training value that output `j` of `op` holds."""
     if op.is_comm and "value" in op.attrs:
         return str(op.attrs["value"])
-    src = serial_ops.get(op.name)
+    src = training.find_op(op.name)
     if src is not None and len(src.outputs) == len(op.outputs):
         return src.outputs[j]
     return op.outputs[j].split("~", 1)[0].split("@", 1)[0]
