@@ -264,11 +264,12 @@ def cost_pipeline_slots(
             units.setdefault((place.chunk, place.phase), []).append(i)
     times: dict[tuple[int, str], float] = {}
     unit_events: dict[tuple[int, str], tuple[Event, ...]] = {}
+    unit_keys: dict[tuple[int, str], Hashable | None] = {}
     alike = _Alike()
     for (chunk, phase), indices in units.items():
         sub = mesh.submesh(axis, assignment.stage_of_chunk(chunk))
-        times[(chunk, phase)], unit_events[(chunk, phase)] = alike.unit(
-            program, sorted(indices), sub, cluster, table
+        times[(chunk, phase)], unit_events[(chunk, phase)], unit_keys[(chunk, phase)] = (
+            alike.unit(program, sorted(indices), sub, cluster, table)
         )
     p2p = _p2p_times(program, split, mesh, axis, cluster)
     orders, ends, busy = schedule_step(schedule, pp, microbatches, v, times, p2p)
@@ -283,10 +284,12 @@ def cost_pipeline_slots(
                                  mesh.submesh(axis, 0), cluster, table)  # fmt: skip
     for s in range(pp):
         sub = mesh.submesh(axis, s)
-        tail = _tail_time(program, tails.get(s, []), backward, times.get((0, "B"), 0.0),
-                          assignment, sub, cluster, table)  # fmt: skip
+        tail, tail_key = _tail_time(program, tails.get(s, []), backward,
+                                    times.get((0, "B"), 0.0), assignment, sub, cluster, table)  # fmt: skip
         tail += every * (microbatches - 1)
         chunks = tuple(assignment.chunks_of_stage(s))
+        twin = (tuple(unit_keys.get((c, ph)) for c in chunks for ph in ("F", "B")), tail_key,
+                s == 0, s == pp - 1)  # fmt: skip
         stages.append(
             StageCost(
                 stage=s,
@@ -298,7 +301,8 @@ def cost_pipeline_slots(
                 tail_s=tail,
                 busy_s=busy[s],
                 end_s=ends[s],
-                memory=stage_memory(program, training, split, s, orders[s], chunks, cluster),
+                memory=stage_memory(program, training, split, s, orders[s], chunks, cluster,
+                                    None if None in twin[0] or tail_key is None else twin),  # fmt: skip
                 tied_end_s=tied_end[s],
             )
         )
@@ -369,12 +373,13 @@ class _Alike:
         mesh: Mesh,
         cluster: Cluster,
         table: CalibrationTable | None,
-    ) -> tuple[float, tuple[Event, ...]]:
+    ) -> tuple[float, tuple[Event, ...], Hashable | None]:
+        """The unit's seconds and events, and its key (None: not hashable, not reused)."""
         ops = [program.ops[i] for i in indices]
         key = _shape_key(program, ops, mesh, cluster)
         if key is None:
             timeline = _fragment_timeline(program, indices, mesh, cluster, table)
-            return timeline.step_time, tuple(timeline.events[min(timeline.events)])
+            return timeline.step_time, tuple(timeline.events[min(timeline.events)]), None
 
         def simulate_unit() -> tuple[float, tuple[Event, ...], list[DistOp]]:
             timeline = _fragment_timeline(program, indices, mesh, cluster, table)
@@ -384,11 +389,17 @@ class _Alike:
                                           simulate_unit)  # fmt: skip
         if twin is ops or all(a.name == b.name and a.scope == b.scope
                               for a, b in zip(twin, ops, strict=True)):  # fmt: skip
-            return seconds, events
+            return seconds, events, key
         name = {a.name: b for a, b in zip(twin, ops, strict=True)}
         return seconds, tuple(
             replace(e, name=name[e.name].name, scope=name[e.name].scope) for e in events
-        )
+        ), key
+
+
+#: Op attributes that name things or seed them without changing what an op costs: the value
+#: a collective moves (`value`: its layer's number differs from stage to stage) and a
+#: dropout's seed.
+NAMING_ATTRS = frozenset({"value", "seed"})
 
 
 def _shape_key(
@@ -401,7 +412,8 @@ def _shape_key(
         key = (
             frozenset(role_of_ranks(DistProgram(mesh, [], {}, {}, {}), cluster).values()),
             tuple(
-                (op.kind, op.stream, op.kernel, op.comm, repr(sorted(op.attrs.items())),
+                (op.kind, op.stream, op.kernel, op.comm,
+                 repr(sorted((k, v) for k, v in op.attrs.items() if k not in NAMING_ATTRS)),
                  tuple((types[v], specs[v].placements) for v in (*op.inputs, *op.outputs)),
                  tuple(position.get(d, -1) for d in op.deps))
                 for op in ops
@@ -422,16 +434,18 @@ def _tail_time(
     mesh: Mesh,
     cluster: Cluster,
     table: CalibrationTable | None,
-) -> float:
+) -> tuple[float, Hashable | None]:
     """Seconds a stage spends after its last backward unit (`backward`, its ops, taking
     `backward_s`): the gradient reductions and the optimizer step (its tail). A pipeline
     (Megatron-LM as in 2021) runs them after the last backward; gradient accumulation (one
     stage) overlaps the reductions with the last micro-batch's backward as Megatron-Core's
-    `overlap_grad_reduce` and FSDP2 do, so its tail is what it adds to that backward."""
-    alone = _fragment_timeline(program, sorted(tail), mesh, cluster, table).step_time
+    `overlap_grad_reduce` and FSDP2 do, so its tail is what it adds to that backward.
+    With the tail's key (`_Alike`): stages alike have tails alike."""
+    alone, _, key = _Alike().unit(program, sorted(tail), mesh, cluster, table)
     if assignment.pp > 1 or assignment.virtual_stages > 1 or not tail or not backward:
-        return alone
-    return min(alone, _beside_backward(program, tail, backward, backward_s, mesh, cluster, table))
+        return alone, key
+    beside = _beside_backward(program, tail, backward, backward_s, mesh, cluster, table)
+    return min(alone, beside), key
 
 
 def _beside_backward(

@@ -36,6 +36,7 @@ from shardlab.passes.pipeline_tied import (
 )
 from shardlab.placement import DistSpec
 from shardlab.program import DistOp, DistProgram
+from shardlab.reuse import Reuse
 
 #: F forward, B backward, T a tied weight's gradient all-reduce, O optimizer
 Phase = Literal["F", "B", "T", "O"]
@@ -89,8 +90,22 @@ def serial_name(value: str) -> str:
     return value.split("@", 1)[0].split("~", 1)[0]
 
 
+#: The places of a training graph's ops under an assignment, kept per worker process (a
+#: plan's build and its costing both ask; the entry keeps the graph alive, so its id is
+#: not reused while the entry lives).
+PLACES = Reuse[tuple[Graph, dict[str, "Place"]]]("serial places", 8)
+
+
 def serial_places(training: Graph, assignment: StageAssignment) -> dict[str, Place]:
-    """The place of every op of the serial training graph (rules: `passes.pipeline`)."""
+    """The place of every op of the serial training graph (rules: `passes.pipeline`); a
+    new dict the caller may change."""
+    kept, place = PLACES.get((id(training), assignment),
+                             lambda: (training, _serial_places(training, assignment)))  # fmt: skip
+    assert kept is training
+    return dict(place)
+
+
+def _serial_places(training: Graph, assignment: StageAssignment) -> dict[str, Place]:
     place: dict[str, Place] = {}
     chunk_of: dict[str, int] = {}
     pending = []
@@ -165,6 +180,11 @@ class Split:
         #: parameters read on several stages (Megatron-LM's embedding group), and by op
         self.tied = [tie_weight(self, p, st) for p, st in tied.items()]
         self.tied_of = {i: w for w in self.tied for i in w.replicated}
+        #: per stage, the placed ops it runs, in program order
+        self.on_stage: dict[int, list[int]] = {}
+        for i in sorted(self.place):
+            for s in self.stages_of(i):
+                self.on_stage.setdefault(s, []).append(i)
         params = {w.param for w in self.tied}
         #: reshards of tied weights alone (an FSDP gather): every stage that reads one makes
         #: its own copy from its replica instead of receiving it

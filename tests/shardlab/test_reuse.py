@@ -11,6 +11,7 @@ import pytest
 
 from shardlab import reuse
 from shardlab.cost.clusters import load_cluster
+from shardlab.cost.pipeline_memory import HELD
 from shardlab.cost.pipeline_slots import UNITS
 from shardlab.models import build_model
 from shardlab.plan import build_plan
@@ -25,7 +26,8 @@ def _figures(candidate: Candidate, model: Any, cluster: Any) -> tuple[Any, ...]:
     plan = build_plan(model, candidate.strategy(), cluster=cluster)
     cost = plan.pipeline.cost
     ops = [(op.name, op.kind, op.inputs, op.outputs, op.comm) for op in plan.program.ops]
-    return (cost.step_time, cost.peak_memory_bytes, ops, cost.summary(), plan.summary())
+    stages = [(st.memory.to_json(), st.tail_s, st.busy_s) for st in cost.stages]
+    return (cost.step_time, cost.peak_memory_bytes, ops, cost.summary(), plan.summary(), stages)
 
 
 def _fingerprint(entries: Any) -> list[Any]:
@@ -63,6 +65,21 @@ def test_cached_plans_equal_uncached(pair):
     assert _fingerprint(list(LOWERED.entries.values())[: len(made)]) == made  # not mutated
 
 
+def test_twin_stages_are_simulated_and_profiled_once():
+    """The middle stages of a model of repeated layers take the first one's units, tail and
+    memory (their tensor-parallel collectives name values of other layers), and the plan is
+    the one made without the caches."""
+    model = build_model("llama3-8b", SMALL)
+    cluster = load_cluster("h100-sxm-1x8")
+    candidate = Candidate(Mesh3(4, 1, 2), None, True, "none", "1f1b", 4)
+    with reuse.enabled(False):
+        alone = _figures(candidate, model, cluster)
+    reuse.clear_all()
+    assert _figures(candidate, model, cluster) == alone
+    assert HELD.hits >= 1  # stages 1 and 2 hold 2 layers each
+    assert UNITS.hits >= 3  # their forward, backward and tail
+
+
 def test_a_bounded_cache_drops_its_oldest_entry():
     cache = reuse.Reuse[int]("test cache", 2)
     made = []
@@ -72,4 +89,4 @@ def test_a_bounded_cache_drops_its_oldest_entry():
     assert (cache.hits, cache.misses) == (1, 4)
     with reuse.enabled(False):
         assert cache.get(1, lambda: 7) == 7
-    assert list(cache.entries) == [3, 2]
+    assert cache.keys() == [3, 2]
