@@ -194,6 +194,7 @@ def _prefetch_source_gathers(ops: list[DistOp]) -> list[DistOp]:
     made = {v for op in ops for v in op.outputs}
     first: dict[tuple[bool, str], int] = {}  # (backward?, layer) -> its first compute op
     order: list[tuple[bool, str]] = []
+    position: dict[tuple[bool, str], int] = {}  # group -> its index in `order`
     moved: dict[int, list[DistOp]] = {}  # anchor op index -> gathers placed right after it
     taken: set[int] = set()
     for i, op in enumerate(ops):
@@ -202,8 +203,9 @@ def _prefetch_source_gathers(ops: list[DistOp]) -> list[DistOp]:
         group = (op.role not in (OpRole.FORWARD, OpRole.LOSS), layer_scope(op.scope))
         if group not in first:
             first[group] = i
+            position[group] = len(order)
             order.append(group)
-        k = order.index(group)
+        k = position[group]
         if k == 0 or order[k - 1][0] != group[0]:
             continue
         anchor = first[order[k - 1]]

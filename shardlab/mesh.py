@@ -48,6 +48,11 @@ class Mesh:
     _groups: dict[tuple[int, int], tuple[int, ...]] = field(
         init=False, repr=False, compare=False, hash=False
     )
+    #: (axis index, index) -> the submesh there, as `submesh` made it (a pipeline's
+    #: costing asks for each stage's again and again)
+    _submeshes: dict[tuple[int, int], Mesh] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
     #: the hash, taken once: a mesh of 2^20 ranks keys many caches (local shapes, roles);
     #: of ints only, so a pickled mesh keeps a valid hash in another process
     _hash: int = field(init=False, repr=False, compare=False, hash=False)
@@ -108,6 +113,7 @@ class Mesh:
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "_position", position)
         object.__setattr__(self, "_groups", {})
+        object.__setattr__(self, "_submeshes", {})
         object.__setattr__(self, "_hash", hash((shape, ranks)))  # no str: same in every process
 
     def __hash__(self) -> int:
@@ -208,15 +214,19 @@ class Mesh:
                 axis=self.axis_names[k],
                 index=repr(index),
             )
-        others = [range(s) for i, s in enumerate(self.shape) if i != k]
-        ranks = tuple(
-            self.rank_at((*rest[:k], index, *rest[k:])) for rest in itertools.product(*others)
-        )
-        return Mesh(
-            self.shape[:k] + self.shape[k + 1 :],
-            self.axis_names[:k] + self.axis_names[k + 1 :],
-            ranks,
-        )
+        known = self._submeshes.get((k, index))
+        if known is None:
+            others = [range(s) for i, s in enumerate(self.shape) if i != k]
+            ranks = tuple(
+                self.rank_at((*rest[:k], index, *rest[k:])) for rest in itertools.product(*others)
+            )
+            known = Mesh(
+                self.shape[:k] + self.shape[k + 1 :],
+                self.axis_names[:k] + self.axis_names[k + 1 :],
+                ranks,
+            )
+            self._submeshes[(k, index)] = known
+        return known
 
     @classmethod
     def parse(cls, text: str) -> Mesh:

@@ -127,6 +127,7 @@ def layer_family(graph: Graph) -> str | None:
     return max(sorted(by_family), key=lambda family: len(by_family[family]))
 
 
+@functools.lru_cache(maxsize=1 << 17)
 def translate(name: str, family: str, src: int, dst: int) -> str | None:
     """`name` as seen from layer `dst` when it is seen from `src`: a name under `family`
     moves by dst - src layers (`layers.2.x` from 3 to 7 is `layers.6.x`); others stay.

@@ -30,7 +30,7 @@ class Reuse(Generic[V]):
 
     def __init__(self, name: str, size: int) -> None:
         self.name, self.size = name, size
-        self.entries: OrderedDict[Hashable, V] = OrderedDict()
+        self.entries: OrderedDict[_Hashed, V] = OrderedDict()
         self.hits = self.misses = 0
         _ALL[name] = self  # type: ignore[assignment]
 
@@ -39,20 +39,77 @@ class Reuse(Generic[V]):
         full). With the caches turned off (`enabled`), always `make()`."""
         if not _ON[0]:
             return make()
-        if key in self.entries:
+        hashed = _Hashed(key)  # a key of thousands of parts is hashed once, not thrice
+        value = self.entries.get(hashed, _MISSING)
+        if value is not _MISSING:
             self.hits += 1
-            self.entries.move_to_end(key)
-            return self.entries[key]
+            self.entries.move_to_end(hashed)
+            return value  # type: ignore[return-value]
         self.misses += 1
         value = make()
-        self.entries[key] = value
+        self.entries[hashed] = value
         if len(self.entries) > self.size:
             self.entries.popitem(last=False)
         return value
 
+    def keys(self) -> list[Hashable]:
+        """The keys kept, the least recently used first."""
+        return [hashed.key for hashed in self.entries]
+
     def clear(self) -> None:
         self.entries.clear()
         self.hits = self.misses = 0
+
+
+_MISSING = object()
+
+
+class Memo(Generic[V]):
+    """A plain map of at most `size` entries, emptied when full: for many small values
+    looked up once per op, where a `Reuse`'s bookkeeping would cost more than the work it
+    saves. Registered like a `Reuse` (`clear_all`, `stats`, `enabled`)."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name, self.size = name, size
+        self.entries: dict[Hashable, V] = {}
+        self.hits = self.misses = 0
+        _ALL[name] = self  # type: ignore[assignment]
+
+    def get(self, key: Hashable) -> V | None:
+        """The value kept for `key`, None where there is none (or the caches are off)."""
+        if not _ON[0]:
+            return None
+        value = self.entries.get(key)
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return value
+
+    def put(self, key: Hashable, value: V) -> None:
+        if _ON[0]:
+            if len(self.entries) >= self.size:
+                self.entries.clear()
+            self.entries[key] = value
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.hits = self.misses = 0
+
+
+class _Hashed:
+    """A key with its hash taken once (tuples do not keep theirs)."""
+
+    __slots__ = ("key", "hash")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key, self.hash = key, hash(key)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Hashed) and self.hash == other.hash and self.key == other.key
 
 
 def clear_all() -> None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +51,7 @@ from shardlab.ir import Graph, Op, OpRole, TensorType
 from shardlab.ops import get_op
 from shardlab.placement import DistSpec, local_shape
 from shardlab.program import DistOp, DistProgram
+from shardlab.reuse import Memo
 
 #: Kinds that run on the tensor cores (or the BLAS of a CPU) and follow the matmul ramp.
 #: embedding / embedding_grad are gathers and scatter-adds, not matmuls: they are costed like
@@ -255,6 +256,7 @@ def program_op_times(
     # slowest rank's share of time slices lost (`Cluster.straggle`)
     overhead = float(getattr(device, "op_overhead", 0.0))
     stretch = 1.0 + float(getattr(device, "straggle", 0.0))
+    _alike_for(device, table)
     for op in program.ops:
         if op.is_comm:
             continue
@@ -263,17 +265,54 @@ def program_op_times(
         if known is not None and known[0] is op and known[1] == layout:
             times[op.name] = known[2]
             continue
-        ins, outs = local_types(program, op.inputs), local_types(program, op.outputs)
-        flops = op_flops(op.kind, ins, outs, op.attrs)
-        bytes_ = op_bytes(op.kind, ins, outs, op.attrs)
-        times[op.name] = overhead + stretch * compute_time(
-            op.kind, flops, bytes_, op_dtype([*ins, *outs]), device, table
-        )
-        if isinstance(device, Cluster):  # a kernel's own all-reduces (`cost.kernel_comm`)
-            times[op.name] += midop_seconds(program, op, device)
+        signature = _signature(program, op, layout)
+        seconds = ALIKE_OPS.get(signature) if signature is not None else None
+        if seconds is None:
+            ins, outs = local_types(program, op.inputs), local_types(program, op.outputs)
+            flops = op_flops(op.kind, ins, outs, op.attrs)
+            bytes_ = op_bytes(op.kind, ins, outs, op.attrs)
+            seconds = overhead + stretch * compute_time(
+                op.kind, flops, bytes_, op_dtype([*ins, *outs]), device, table
+            )
+            if isinstance(device, Cluster):  # a kernel's own all-reduces (`cost.kernel_comm`)
+                seconds += midop_seconds(program, op, device)
+            if signature is not None:
+                ALIKE_OPS.put(signature, seconds)
+        times[op.name] = seconds
         if memo is not None:
             memo[op.name] = (op, layout, times[op.name])
     return times
+
+
+#: Op times by what they depend on (`_signature`), kept per worker process: the repeated
+#: layers of a model, its pipeline stages and the plans of a search meet the same ops under
+#: other names again and again.
+ALIKE_OPS = Memo[float]("op times", 1 << 16)
+
+
+def _signature(program: DistProgram, op: DistOp, layout: tuple[DistSpec, ...]) -> Hashable | None:
+    """What an op's time depends on, without its name (for `ALIKE_OPS`' device and table):
+    its kind, kernel and attributes (not a dropout's seed), its values' types and layouts,
+    and the ranks it runs on (a kernel's own collectives); None where not hashable."""
+    attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items() if k != "seed"))
+    types = tuple(program.types[v] for v in (*op.inputs, *op.outputs))
+    key = (op.kind, op.kernel, len(op.inputs), attrs, types, layout, program.mesh)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _alike_for(device: ComputeDevice, table: CalibrationTable | None) -> None:
+    """Empty `ALIKE_OPS` when asked about another device or table than its entries are for
+    (by identity: one of each per search worker; the memo holds them while it is theirs)."""
+    if _ALIKE_FOR[0] is not device or _ALIKE_FOR[1] is not table:
+        ALIKE_OPS.clear()
+        _ALIKE_FOR[:] = [device, table]
+
+
+_ALIKE_FOR: list[object] = [None, None]
 
 
 # -- calibration --------------------------------------------------------------------------

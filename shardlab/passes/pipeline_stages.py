@@ -96,7 +96,16 @@ def graph_layer_family(graph: Graph) -> str:
 
 
 def layer_costs(graph: Graph) -> tuple[list[int], int, int, frozenset[str]]:
-    """FLOPs per layer, of the modules before the layers and after them; the modules before."""
+    """FLOPs per layer, of the modules before the layers and after them; the modules before.
+    Counted once per graph and kept on it (graphs are not changed once built)."""
+    known = graph.__dict__.get("_layer_costs")
+    if known is None:
+        known = graph.__dict__["_layer_costs"] = _count_layer_costs(graph)
+    per, pre, post, pre_modules = known
+    return list(per), pre, post, pre_modules
+
+
+def _count_layer_costs(graph: Graph) -> tuple[list[int], int, int, frozenset[str]]:
     family = graph_layer_family(graph)
     per: dict[int, int] = {}
     pre = post = 0
