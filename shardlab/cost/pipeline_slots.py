@@ -117,6 +117,11 @@ class StageCost:
     end_s: float  # when its last unit ends (its tied all-reduces, then the tail, follow)
     memory: StageMemory
     tied_end_s: float = 0.0  # when its tied weights' all-reduces end (0: it holds none)
+    #: the least its tail's gradient reductions can take: a reduce-scatter of the bytes its
+    #: float32 gradient all-reduces and reduce-scatters reduce, fused (every
+    #: data-parallel recipe reduces these gradients so, or as all-reduces that take longer;
+    #: `search.bound`'s sibling bound)
+    reduce_floor_s: float = 0.0
 
     @property
     def tail_start_s(self) -> float:
@@ -134,6 +139,7 @@ class StageCost:
             "busy_s": self.busy_s,
             "end_s": self.end_s,
             "tied_end_s": self.tied_end_s,
+            "reduce_floor_s": self.reduce_floor_s,
             "memory": self.memory.to_json(),
         }
 
@@ -304,6 +310,7 @@ def cost_pipeline_slots(
                 memory=stage_memory(program, training, split, s, orders[s], chunks, cluster,
                                     None if None in twin[0] or tail_key is None else twin),  # fmt: skip
                 tied_end_s=tied_end[s],
+                reduce_floor_s=_reduce_floor(program, tails.get(s, []), sub, cluster),
             )
         )
     facts = training_facts(training)
@@ -469,6 +476,26 @@ def _beside_backward(
 
 #: The collectives that reduce gradients over the data-parallel ranks.
 GRADIENT_REDUCTIONS = frozenset({"reduce_scatter", "all_reduce"})
+
+
+def _reduce_floor(
+    program: DistProgram, tail: Sequence[int], mesh: Mesh, cluster: Cluster
+) -> float:
+    """The least seconds a tail's float32 gradient reductions take (`StageCost`): on the
+    busiest mesh axis (each axis has a stream of its own), one reduce-scatter of all the
+    bytes they reduce there (one fused collective takes no longer than several: each costs
+    its latency and its bytes)."""
+    size: dict[str, float] = {}
+    for i in tail:
+        op = program.ops[i]
+        if op.comm is None or op.comm.kind not in GRADIENT_REDUCTIONS:
+            continue
+        if program.types[op.inputs[0]].dtype != "float32":
+            continue
+        size[op.comm.axis] = size.get(op.comm.axis, 0.0) + _block_bytes(program, op.inputs[0])
+    first = mesh.ranks[0]
+    return max((collective_time("reduce_scatter", s, mesh.group_of(first, a), cluster)
+                for a, s in size.items()), default=0.0)  # fmt: skip
 
 
 def _fragment_timeline(

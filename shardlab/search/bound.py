@@ -57,8 +57,12 @@ units at the same moment (`stages_end_s`), and only their tails differ; FSDP and
 the same units with their parameters gathered on top (more work, never less). So a
 pipelined candidate's step is at least the `stages_end_s` of a `dp`, `zero1` or `zero2`
 sibling planned before it (the same mesh, schedule, micro-batches, sequence parallelism and
-recomputation): `sibling_work`, `sibling_bound`. A screened sibling's
-counts less the screening margin. Tested against every pipelined candidate of two small
+recomputation): `sibling_work`, `sibling_bound`. Their tails differ, but each reduces the
+same float32 gradients over the data-parallel ranks, as all-reduces (dp) or reduce-scatters
+(ZeRO, FSDP), after the first stage's units and tied all-reduces: so the step is also at
+least when the sibling's first stage starts its tail plus one reduce-scatter of its
+gradient bytes (`first_tail_at_s + first_reduce_s`, `StageCost.reduce_floor_s`; 7 to 15%
+of a 30B GPT's pipelined step). A screened sibling's counts less the screening margin. Tested against every pipelined candidate of two small
 spaces (`tests/shardlab/search/test_bound.py`).
 
 Every term the bound leaves out (communication, the embedding and head's imbalance, the
@@ -309,6 +313,7 @@ def sibling_work(evaluations: Iterable[Evaluation]) -> dict[tuple[object, ...], 
         end = e.terms.get("stages_end_s")
         if key is None or e.error is not None or end is None:
             continue
+        end = max(end, e.terms.get("first_tail_at_s", 0.0) + e.terms.get("first_reduce_s", 0.0))
         if e.screened is not None:
             end /= 1.0 + STEP_MARGIN
         if e.candidate.dp_recipe not in SAME_UNITS:

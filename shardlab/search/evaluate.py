@@ -37,7 +37,9 @@ class Evaluation:
     #: (`layers_s`, `layer_work`) and the modules before and after them (`first_s`,
     #: `last_s`: `edge_work`);
     #: a pipeline's bubble fraction and when its last stage ends its forward and backward
-    #: units (`stages_end_s`: the step before the stages' tails, `bound.sibling_work`)
+    #: units (`stages_end_s`: the step before the stages' tails, `bound.sibling_work`), when
+    #: the first stage's tail starts and the least its gradient reductions take there
+    #: (`first_tail_at_s`, `first_reduce_s`: `StageCost.reduce_floor_s`)
     terms: dict[str, float] = field(default_factory=dict)
     comm_bytes_per_rank: float = 0.0
     error: str | None = None
@@ -141,8 +143,11 @@ def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: flo
         out.terms["layers_s"] = layer_work(events)
         out.terms["first_s"], out.terms["last_s"] = edge_work(events, plan.program)
     else:
+        first = cost.stages[0]
         out.terms = {"bubble_fraction": cost.bubble_fraction,
-                     "stages_end_s": max(s.end_s for s in cost.stages)}  # fmt: skip
+                     "stages_end_s": max(s.end_s for s in cost.stages),
+                     "first_tail_at_s": first.tail_start_s,
+                     "first_reduce_s": first.reduce_floor_s}  # fmt: skip
     out.step_time_s = cost.step_time
     out.peak_memory_bytes = cost.peak_memory_bytes
     out.mfu = cost.mfu
