@@ -80,7 +80,7 @@ from dataclasses import dataclass
 
 from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
 from shardlab.search.evaluate import Evaluation
-from shardlab.search.screen import STEP_MARGIN, least_memory, screened_at
+from shardlab.search.screen import STEP_MARGIN, WORK_MARGIN, least_memory, screened_at
 from shardlab.search.space import GATHERING, RECOMPUTE, Candidate
 
 #: A candidate is skipped when its bound exceeds the best step by more than this fraction.
@@ -104,13 +104,14 @@ class FlatWork:
 
 def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, FlatWork]:
     """Per tensor-parallel degree, the least work of the flat candidates planned so far;
-    a screened one's less its margin (`screen.least_step`'s)."""
+    a screened one's less its margin (`screen.WORK_MARGIN`: sums over the layers, which
+    screening draws exactly where the layers are alike)."""
     out: dict[int, FlatWork] = {}
     for e in evaluations:
         c = e.candidate
         if c.mesh.pp != 1 or e.error is not None or "compute_s" not in e.terms:
             continue
-        t, scale = e.terms, 1.0 / (1.0 + STEP_MARGIN) if e.screened is not None else 1.0
+        t, scale = e.terms, 1.0 / (1.0 + WORK_MARGIN) if e.screened is not None else 1.0
         work = FlatWork(
             (t["compute_s"] - t.get("optimizer_s", 0.0) + t.get("exposed_tp_s", 0.0)) * scale,
             t.get("layers_s", 0.0) * scale,

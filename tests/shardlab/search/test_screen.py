@@ -11,11 +11,13 @@ import pytest
 from shardlab.cost.clusters import load_cluster
 from shardlab.models import build_model
 from shardlab.search.evaluate import Evaluation, evaluate
+from shardlab.search.bound import flat_work
 from shardlab.search.run import search
 from shardlab.search.screen import (
     INTERLEAVED_MEMORY_MARGIN,
     MEMORY_MARGIN,
     STEP_MARGIN,
+    WORK_MARGIN,
     Screener,
     depths_of,
     least_memory,
@@ -126,3 +128,27 @@ def test_an_interleaved_pipeline_is_ruled_out_by_memory_only_past_its_wider_marg
     assert least[flat] == least[one_f_one_b] == pytest.approx(peak / (1 + MEMORY_MARGIN))
     assert least[interleaved] == pytest.approx(peak / (1 + INTERLEAVED_MEMORY_MARGIN))
     assert INTERLEAVED_MEMORY_MARGIN >= 0.24
+
+
+def test_the_flat_work_screens_within_its_margin():
+    """The work the pipelines' bound stands on (`bound.flat_work`: compute less the
+    optimizer's, exposed tensor-parallel comm, the repeated layers' work) is a sum over the
+    layers: screened within `WORK_MARGIN` of the full plan on every flat candidate of a
+    16-layer model of hidden 128 on 8 GPUs."""
+    cluster = load_cluster("h100-sxm-1x8")
+    model = build_model("llama3-8b", {**SMALL, "layers": 16, "batch": 16})
+    shape = ModelShape(16, SMALL["heads"], SMALL["kv_heads"], 16)
+    screener = Screener(model)
+    flat = [c for c in every_candidate(shape, Limits(8, 8))
+            if c.mesh.pp == 1 and not c.accumulates and screens(c, 16)]  # fmt: skip
+    assert len(flat) > 10
+    for c in flat:
+        full, screened = evaluate(c, model, cluster, 0.1), screener.screen(c, cluster, 0.1)
+        if full.error is not None:
+            continue
+        work = flat_work([full])[c.mesh.tp]
+        drawn = flat_work([screened])[c.mesh.tp]  # less its margin: never above the full
+        for term in ("step", "layers", "first", "last"):
+            assert getattr(drawn, term) <= getattr(work, term) * (1 + 1e-9), (c.label(), term)
+            assert getattr(drawn, term) >= getattr(work, term) * (1 - 2 * WORK_MARGIN), (
+                c.label(), term)  # fmt: skip
