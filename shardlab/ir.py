@@ -9,7 +9,6 @@ The JSON form lives in `shardlab.graph_json`.
 from __future__ import annotations
 
 import functools
-
 import heapq
 import math
 from collections.abc import Iterable, Mapping

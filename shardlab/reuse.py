@@ -100,7 +100,7 @@ class Memo(Generic[V]):
 class _Hashed:
     """A key with its hash taken once (tuples do not keep theirs)."""
 
-    __slots__ = ("key", "hash")
+    __slots__ = ("hash", "key")
 
     def __init__(self, key: Hashable) -> None:
         self.key, self.hash = key, hash(key)

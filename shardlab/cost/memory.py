@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardlab.ir import DTYPE_BYTES, Graph, Op, OpRole, ValueKind
+from shardlab.ir import DTYPE_BYTES, Graph, OpRole, ValueKind
 from shardlab.placement import local_shape
 from shardlab.program import DistOp, DistProgram
 from shardlab.scopes import layer_scope

@@ -274,8 +274,8 @@ def cost_pipeline_slots(
     alike = _Alike()
     for (chunk, phase), indices in units.items():
         sub = mesh.submesh(axis, assignment.stage_of_chunk(chunk))
-        times[(chunk, phase)], unit_events[(chunk, phase)], unit_keys[(chunk, phase)] = (
-            alike.unit(program, sorted(indices), sub, cluster, table)
+        times[(chunk, phase)], unit_events[(chunk, phase)], unit_keys[(chunk, phase)] = alike.unit(
+            program, sorted(indices), sub, cluster, table
         )
     p2p = _p2p_times(program, split, mesh, axis, cluster)
     orders, ends, busy = schedule_step(schedule, pp, microbatches, v, times, p2p)
@@ -290,12 +290,12 @@ def cost_pipeline_slots(
                                  mesh.submesh(axis, 0), cluster, table)  # fmt: skip
     for s in range(pp):
         sub = mesh.submesh(axis, s)
-        tail, tail_key = _tail_time(program, tails.get(s, []), backward,
-                                    times.get((0, "B"), 0.0), assignment, sub, cluster, table)  # fmt: skip
+        tail, tail_key = _tail_time(program, tails.get(s, []), backward, times.get((0, "B"), 0.0),
+                                    assignment, sub, cluster, table)  # fmt: skip
         tail += every * (microbatches - 1)
         chunks = tuple(assignment.chunks_of_stage(s))
-        twin = (tuple(unit_keys.get((c, ph)) for c in chunks for ph in ("F", "B")), tail_key,
-                s == 0, s == pp - 1)  # fmt: skip
+        keys = tuple(unit_keys.get((c, ph)) for c in chunks for ph in ("F", "B"))
+        twin = None if None in keys or tail_key is None else (keys, tail_key, s == 0, s == pp - 1)
         stages.append(
             StageCost(
                 stage=s,
@@ -307,8 +307,7 @@ def cost_pipeline_slots(
                 tail_s=tail,
                 busy_s=busy[s],
                 end_s=ends[s],
-                memory=stage_memory(program, training, split, s, orders[s], chunks, cluster,
-                                    None if None in twin[0] or tail_key is None else twin),  # fmt: skip
+                memory=stage_memory(program, training, split, s, orders[s], chunks, cluster, twin),
                 tied_end_s=tied_end[s],
                 reduce_floor_s=_reduce_floor(program, tails.get(s, []), sub, cluster),
             )
@@ -398,9 +397,11 @@ class _Alike:
                               for a, b in zip(twin, ops, strict=True)):  # fmt: skip
             return seconds, events, key
         name = {a.name: b for a, b in zip(twin, ops, strict=True)}
-        return seconds, tuple(
-            replace(e, name=name[e.name].name, scope=name[e.name].scope) for e in events
-        ), key
+        return (
+            seconds,
+            tuple(replace(e, name=name[e.name].name, scope=name[e.name].scope) for e in events),
+            key,
+        )
 
 
 #: Op attributes that name things or seed them without changing what an op costs: the value
@@ -478,9 +479,7 @@ def _beside_backward(
 GRADIENT_REDUCTIONS = frozenset({"reduce_scatter", "all_reduce"})
 
 
-def _reduce_floor(
-    program: DistProgram, tail: Sequence[int], mesh: Mesh, cluster: Cluster
-) -> float:
+def _reduce_floor(program: DistProgram, tail: Sequence[int], mesh: Mesh, cluster: Cluster) -> float:
     """The least seconds a tail's float32 gradient reductions take (`StageCost`): on the
     busiest mesh axis (each axis has a stream of its own), one reduce-scatter of all the
     bytes they reduce there (one fused collective takes no longer than several: each costs

@@ -62,8 +62,9 @@ same float32 gradients over the data-parallel ranks, as all-reduces (dp) or redu
 (ZeRO, FSDP), after the first stage's units and tied all-reduces: so the step is also at
 least when the sibling's first stage starts its tail plus one reduce-scatter of its
 gradient bytes (`first_tail_at_s + first_reduce_s`, `StageCost.reduce_floor_s`; 7 to 15%
-of a 30B GPT's pipelined step). A screened sibling's counts less the screening margin. Tested against every pipelined candidate of two small
-spaces (`tests/shardlab/search/test_bound.py`).
+of a 30B GPT's pipelined step). A screened sibling's counts less the screening margin.
+Tested against every pipelined candidate of two small spaces
+(`tests/shardlab/search/test_bound.py`).
 
 Every term the bound leaves out (communication, the embedding and head's imbalance, the
 optimizer) makes the true step longer. The search still keeps `SLACK` in hand, for a
@@ -119,8 +120,12 @@ def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, FlatWork]:
             t.get("last_s", 0.0) * scale,
         )
         least = out.get(c.mesh.tp, work)
-        out[c.mesh.tp] = FlatWork(min(work.step, least.step), min(work.layers, least.layers),
-                                  min(work.first, least.first), min(work.last, least.last))
+        out[c.mesh.tp] = FlatWork(
+            min(work.step, least.step),
+            min(work.layers, least.layers),
+            min(work.first, least.first),
+            min(work.last, least.last),
+        )
     return out
 
 
@@ -139,7 +144,7 @@ def step_bound(candidate: Candidate, work: dict[int, FlatWork], layers: int) -> 
     c = candidate
     if c.mesh.pp == 1 or c.mesh.tp not in work:
         return None
-    w, pp = work[c.mesh.tp], c.mesh.pp
+    w = work[c.mesh.tp]
     return max(w.step * bubble_factor(c), busiest_stage(c, w, layers), last_stage(c, w, layers))
 
 

@@ -120,7 +120,8 @@ def test_the_stages_bounds_deal_out_whole_layers_and_the_head():
     # interleaved: one layer per chunk on the stages before the last, once each way
     inter = Candidate(Mesh3(8, 12, 4), "dp", True, "none", "interleaved", 16, 2)
     assert last_stage(inter, work, 48) == pytest.approx(
-        8 * (2 * 0.0141 + 0.0166) + 8 * (7 * 0.0141 + 0.0007) / 16)
+        8 * (2 * 0.0141 + 0.0166) + 8 * (7 * 0.0141 + 0.0007) / 16
+    )
     # one stage cannot hold fewer than its chunks' layers: 2 stages x 2 chunks of 4 layers
     two = Candidate(Mesh3(2, 1, 4), None, True, "none", "interleaved", 4, 2)
     assert busiest_stage(two, FlatWork(1.0, 0.4, 0.0, 0.5), 4) == pytest.approx(2 * (0.2 + 0.5))

@@ -10,8 +10,8 @@ import pytest
 
 from shardlab.cost.clusters import load_cluster
 from shardlab.models import build_model
-from shardlab.search.evaluate import Evaluation, evaluate
 from shardlab.search.bound import flat_work
+from shardlab.search.evaluate import Evaluation, evaluate
 from shardlab.search.run import search
 from shardlab.search.screen import (
     INTERLEAVED_MEMORY_MARGIN,
