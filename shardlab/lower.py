@@ -135,10 +135,9 @@ def lower(done: CompletedGraph) -> DistProgram:
     """The DistProgram of a completed graph (one pass over its ops)."""
     b = _Builder(done)
     graph, held, specs = done.graph, b.held, b.specs
-    for value in graph.values.values():
-        if graph.producer(value.name) is None:
-            spec = specs[value.name] = done.specs[value.name]
-            held[value.name] = _Held(spec, (value.name, ""))
+    for name in graph.sources:
+        spec = specs[name] = done.specs[name]
+        held[name] = _Held(spec, (name, ""))
     in_forward = True
     tensor = tensor_axes(graph, done.constraints)
     for op in graph.ops:

@@ -29,7 +29,7 @@ def numpy_dtype(ttype: TensorType, compute_dtype: str) -> type:
 
 def source_values(graph: Graph) -> list[Value]:
     """Values that are fed rather than computed."""
-    return [v for v in graph.values.values() if graph.producer(v.name) is None]
+    return [graph.values[name] for name in graph.sources]
 
 
 def index_bound(graph: Graph, value: str) -> int | None:

@@ -87,15 +87,16 @@ def exposed_tp_comm(events: Iterable[Event]) -> float:
     return sum(e.exposed for e in events if e.stream == "comm:tp")
 
 
+def _in_layers(scope: str) -> bool:
+    """Whether a scope is under the repeated layers (`layers.<i>...`)."""
+    return scope == "layers" or scope.startswith("layers.")
+
+
 def layer_work(events: Iterable[Event]) -> float:
     """Seconds of the repeated layers' work (scope `layers`): their compute and their
     exposed tensor-parallel collectives, which a pipeline stage pays for each layer it has."""
-    inside = [e for e in events if e.scope == "layers" or e.scope.startswith("layers.")]
+    inside = [e for e in events if _in_layers(e.scope)]
     return exposed_tp_comm(inside) + sum(e.duration for e in inside if not e.is_comm)
-
-
-def _in_layers(scope: str) -> bool:
-    return scope == "layers" or scope.startswith("layers.")
 
 
 def edge_work(events: Iterable[Event], program: DistProgram) -> tuple[float, float]:
