@@ -30,7 +30,7 @@ class Reuse(Generic[V]):
 
     def __init__(self, name: str, size: int) -> None:
         self.name, self.size = name, size
-        self.entries: OrderedDict[_Hashed, V] = OrderedDict()
+        self.entries: OrderedDict[Hashed, V] = OrderedDict()
         self.hits = self.misses = 0
         _ALL[name] = self  # type: ignore[assignment]
 
@@ -39,7 +39,8 @@ class Reuse(Generic[V]):
         full). With the caches turned off (`enabled`), always `make()`."""
         if not _ON[0]:
             return make()
-        hashed = _Hashed(key)  # a key of thousands of parts is hashed once, not thrice
+        # a key of thousands of parts is hashed once, not thrice (`Hashed`: once in all)
+        hashed = key if isinstance(key, Hashed) else Hashed(key)
         value = self.entries.get(hashed, _MISSING)
         if value is not _MISSING:
             self.hits += 1
@@ -97,8 +98,9 @@ class Memo(Generic[V]):
         self.hits = self.misses = 0
 
 
-class _Hashed:
-    """A key with its hash taken once (tuples do not keep theirs)."""
+class Hashed:
+    """A key with its hash taken once (tuples do not keep theirs): a `Reuse` takes it as
+    it is, and a key built of it hashes it in one step."""
 
     __slots__ = ("hash", "key")
 
@@ -109,7 +111,15 @@ class _Hashed:
         return self.hash
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Hashed) and self.hash == other.hash and self.key == other.key
+        return isinstance(other, Hashed) and self.hash == other.hash and self.key == other.key
+
+
+def hashed(key: Hashable) -> Hashed | None:
+    """`key` with its hash taken once, or None where a part of it cannot be hashed."""
+    try:
+        return Hashed(key)
+    except TypeError:
+        return None
 
 
 def clear_all() -> None:

@@ -33,6 +33,7 @@ pipeline axis) and the stage assignment, and:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,7 +59,7 @@ from shardlab.passes.pipeline_split import Split
 from shardlab.passes.pipeline_stages import StageAssignment
 from shardlab.placement import Replicate, local_shape
 from shardlab.program import DistOp, DistProgram
-from shardlab.reuse import Reuse
+from shardlab.reuse import Hashed, Reuse, hashed
 
 Phase = Literal["F", "B"]
 
@@ -412,25 +413,29 @@ NAMING_ATTRS = frozenset({"value", "seed"})
 
 def _shape_key(
     program: DistProgram, ops: list[DistOp], mesh: Mesh, cluster: Cluster
-) -> Hashable | None:
-    """What a unit's time depends on, without the ops' names (None: not hashable)."""
+) -> Hashed | None:
+    """What a unit's time depends on, without the ops' names (None: not hashable), its
+    hash taken once (a unit's key has a part per op, and the stage memory's key holds it
+    again)."""
     position = {op.name: i for i, op in enumerate(ops)}
     types, specs = program.types, program.specs
-    try:
-        key = (
-            frozenset(role_of_ranks(DistProgram(mesh, [], {}, {}, {}), cluster).values()),
-            tuple(
-                (op.kind, op.stream, op.kernel, op.comm,
-                 repr(sorted((k, v) for k, v in op.attrs.items() if k not in NAMING_ATTRS)),
-                 tuple((types[v], specs[v].placements) for v in (*op.inputs, *op.outputs)),
-                 tuple(position.get(d, -1) for d in op.deps))
-                for op in ops
-            ),
-        )  # fmt: skip
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    parts = []
+    for op in ops:
+        attrs = op.attrs
+        kept = [a for a in attrs.items() if a[0] not in NAMING_ATTRS] if attrs else []
+        named = repr(sorted(kept)) if kept else ""
+        parts.append((
+            op.kind, op.stream, op.kernel, op.comm, named,
+            tuple([(types[v], specs[v].placements) for v in op.inputs + op.outputs]),
+            tuple([position.get(d, -1) for d in op.deps]) if op.deps else (),
+        ))  # fmt: skip
+    return hashed((_roles_of(mesh, cluster), tuple(parts)))
+
+
+@functools.lru_cache(maxsize=64)
+def _roles_of(mesh: Mesh, cluster: Cluster) -> frozenset[Hashable]:
+    """The roles of `mesh`'s ranks on `cluster` (`role_of_ranks`), kept: every unit asks."""
+    return frozenset(role_of_ranks(DistProgram(mesh, [], {}, {}, {}), cluster).values())
 
 
 def _tail_time(

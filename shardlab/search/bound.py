@@ -26,8 +26,19 @@ the search plans first. On `pp x dp x tp` with `m` micro-batches and `v` chunks 
   least one layer per chunk before it each way, and with one chunk per stage the whole
   work of one micro-batch on those stages, `(total - own) / m` (`last_stage`; the bubble
   of an uneven pipeline whose head outweighs its share of layers).
-- Both count the exposed tensor-parallel collectives with the compute: every micro-batch
-  waits for its own, as a flat rank does.
+- A stage of 1F1B. Stage `k` runs `w = pp - k` forwards before its first backward, which
+  waits for the first micro-batch's forward and backward through every stage after it;
+  from then on it runs its `m` backwards and `m - w` forwards one at a time, and its last
+  backward then crosses the stages before it. So the step is at least
+  `T1 + (m - 1) b_k + (m - w) f_k`, `T1` one micro-batch's work on every stage and `f_k`,
+  `b_k` stage `k`'s forward and backward of one micro-batch (`one_f_one_b`): a stage with
+  a layer more than the others paces the whole pipeline, more the earlier it stands. The
+  layers are dealt out whole as above, the least largest of these bounds over every split
+  (each stage's depends only on its own layers), with the forward and backward compute of
+  the flat rank's layers (`layer_compute`: no communication; recomputation adds to the
+  backward only) and the embedding and head counted at the forwards' weight.
+- All but the last count the exposed tensor-parallel collectives with the compute: every
+  micro-batch waits for its own, as a flat rank does.
 - Recomputation only adds work: a leaner recipe's step is at least that of the same plan
   without it, which the search has planned first.
 
@@ -74,15 +85,25 @@ against every pipelined candidate of two small spaces (`tests/shardlab/search/te
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from shardlab.cost.clusters import Cluster
+from shardlab.cost.comm import collective_time
 from shardlab.ir import DTYPE_BYTES, Graph, ValueKind
+from shardlab.passes.pipeline_stages import (
+    graph_layer_family,
+    layer_costs,
+    layer_index,
+    module_of,
+)
 from shardlab.search.evaluate import Evaluation
 from shardlab.search.screen import STEP_MARGIN, WORK_MARGIN, least_memory, screened_at
 from shardlab.search.space import GATHERING, RECOMPUTE, Candidate
+from shardlab.strategy import PIPELINE_AXIS
 
 #: A candidate is skipped when its bound exceeds the best step by more than this fraction.
 SLACK = 0.02
@@ -101,6 +122,9 @@ class FlatWork:
     #: the modules before the layers (the embedding) and after them (head and loss)
     first: float = 0.0
     last: float = 0.0
+    #: the layers' forward and backward compute alone (`evaluate.layer_compute`)
+    forward: float = 0.0
+    backward: float = 0.0
 
 
 def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, FlatWork]:
@@ -118,14 +142,12 @@ def flat_work(evaluations: Iterable[Evaluation]) -> dict[int, FlatWork]:
             t.get("layers_s", 0.0) * scale,
             t.get("first_s", 0.0) * scale,
             t.get("last_s", 0.0) * scale,
+            t.get("layers_forward_s", 0.0) * scale,
+            t.get("layers_backward_s", 0.0) * scale,
         )
         least = out.get(c.mesh.tp, work)
-        out[c.mesh.tp] = FlatWork(
-            min(work.step, least.step),
-            min(work.layers, least.layers),
-            min(work.first, least.first),
-            min(work.last, least.last),
-        )
+        out[c.mesh.tp] = FlatWork(*(min(a, b) for a, b in zip(
+            dataclasses.astuple(work), dataclasses.astuple(least), strict=True)))  # fmt: skip
     return out
 
 
@@ -145,7 +167,8 @@ def step_bound(candidate: Candidate, work: dict[int, FlatWork], layers: int) -> 
     if c.mesh.pp == 1 or c.mesh.tp not in work:
         return None
     w = work[c.mesh.tp]
-    return max(w.step * bubble_factor(c), busiest_stage(c, w, layers), last_stage(c, w, layers))
+    return max(w.step * bubble_factor(c), busiest_stage(c, w, layers), last_stage(c, w, layers),
+               one_f_one_b(c, w, layers))  # fmt: skip
 
 
 def busiest_stage(candidate: Candidate, w: FlatWork, layers: int) -> float:
@@ -192,6 +215,45 @@ def last_stage(candidate: Candidate, w: FlatWork, layers: int) -> float:
         total = pp * (w.layers + w.first + w.last)
         return own + (total - own) / m
     return own + pp * ((pp - 1) * layer + w.first) / m  # one layer per chunk before it
+
+
+def one_f_one_b(candidate: Candidate, w: FlatWork, layers: int) -> float:
+    """The least step of a 1F1B pipeline by its stages' warm-up (module docstring); 0 for
+    other schedules."""
+    c = candidate
+    pp, m = c.mesh.pp, c.microbatches or 1
+    if c.schedule != "1f1b" or (c.virtual_stages or 1) > 1 or pp < 2 or layers < pp:
+        return 0.0
+    share = pp / m  # a micro-batch holds pp/m flat ranks' shares of the sequences
+    return _least_warm_bound(layers, pp, m, w.forward * share / layers,
+                             w.backward * share / layers, w.first * share, w.last * share,
+                             (w.layers + w.first + w.last) * share)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _least_warm_bound(
+    layers: int, pp: int, m: int, f: float, b: float, first: float, last: float, one: float
+) -> float:
+    """The least over the splits of `layers` whole layers (one at least per stage) of the
+    largest `one + (m - 1) b_k + (m - w_k) f_k` over the stages (`one_f_one_b`), a layer
+    taking `f` forward and `b` backward, the embedding `first` and the head `last`."""
+    per_layer = [(m - 1) * b + (m - min(pp - k, m)) * f for k in range(pp)]
+    extra = [(m - min(pp - k, m)) * ((first if k == 0 else 0.0) + (last if k == pp - 1 else 0.0))
+             for k in range(pp)]  # fmt: skip
+    if min(per_layer) <= 0:
+        return one + max(extra)
+
+    def holds(limit: float) -> bool:  # can every stage stay within `limit`?
+        most = [math.floor((limit - e) / p + 1e-9) for p, e in zip(per_layer, extra, strict=True)]
+        return min(most) >= 1 and sum(most) >= layers
+
+    options = sorted({n * p + e for p, e in zip(per_layer, extra, strict=True)
+                      for n in range(1, layers + 1)})  # fmt: skip
+    lo, hi = 0, len(options) - 1  # the last option holds: every stage may take all layers
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(options[mid]) else (mid + 1, hi)
+    return one + options[lo]
 
 
 def cannot_win(bound: float | None, best: float | None) -> bool:
@@ -280,12 +342,138 @@ def pipeline_basis(candidate: Candidate, work: dict[int, FlatWork], layers: int)
     c = candidate
     w = work[c.mesh.tp]
     bubble, busiest = w.step * bubble_factor(c), busiest_stage(c, w, layers)
-    last = last_stage(c, w, layers)
+    last, warm = last_stage(c, w, layers), one_f_one_b(c, w, layers)
+    if warm > max(bubble, busiest, last):
+        return (
+            "its busiest stage, waiting in 1F1B's warm-up for the first micro-batch's "
+            "round trip through the stages after it, takes"
+        )
     if busiest >= max(bubble, last):
         return "its busiest stage takes"
     if last > bubble:
         return "its last stage, with the head, between the first and last micro-batches takes"
     return f"its compute with the pipeline's {bubble_factor(c) - 1:.0%} bubble takes"
+
+
+def _units_key(c: Candidate) -> tuple[object, ...] | None:
+    """What fixes a pipelined candidate's layer units (`unit_work`): the tensor-parallel
+    degree, the sequences of a micro-batch per data-parallel rank (the global batch over
+    `dp x m`, one batch per search), sequence parallelism; None without stages or with
+    per-op annotations."""
+    if c.mesh.pp == 1 or c.annotations:
+        return None
+    return (c.mesh.tp, c.mesh.dp * (c.microbatches or 1), c.sequence_parallel)
+
+
+@dataclass(frozen=True)
+class LayerUnits:
+    """The least forward and backward unit of one layer and one micro-batch known for a
+    unit key (`unit_work`), per recomputation."""
+
+    forward: float
+    backward: float
+    label: str
+
+
+def unit_work(evaluations: Iterable[Evaluation]) -> dict[tuple[object, ...], dict[str, LayerUnits]]:
+    """Per unit key and recomputation, the least layer units of the pipelined candidates
+    planned so far with the units of `SAME_UNITS` (`evaluate.layer_units`; a screened one's
+    less its margin). Candidates with the same key run the same layer units whatever their
+    stages, schedule and data-parallel recipe (FSDP's gather on top)."""
+    out: dict[tuple[object, ...], dict[str, LayerUnits]] = {}
+    for e in evaluations:
+        key = _units_key(e.candidate)
+        f, b = e.terms.get("layer_forward_s"), e.terms.get("layer_backward_s")
+        if key is None or e.error is not None or f is None or b is None:
+            continue
+        if e.candidate.dp_recipe not in (*SAME_UNITS, None):
+            continue
+        if e.screened is not None:
+            f, b = f / (1.0 + WORK_MARGIN), b / (1.0 + WORK_MARGIN)
+        known = out.setdefault(key, {})
+        old = known.get(e.candidate.recompute, LayerUnits(f, b, e.candidate.label()))
+        label = e.candidate.label() if f + b < old.forward + old.backward else old.label
+        known[e.candidate.recompute] = LayerUnits(min(f, old.forward), min(b, old.backward),
+                                                  label)  # fmt: skip
+    return out
+
+
+def units_bound(
+    candidate: Candidate,
+    units: dict[tuple[object, ...], dict[str, LayerUnits]],
+    flat: dict[int, FlatWork],
+    layers: int,
+) -> tuple[float, str] | None:
+    """The least step `candidate` can have with the layer units of a candidate of its unit
+    key (`unit_work`) planned before it, recomputing no more than it, and what it stands on;
+    None without one. The layers' work is theirs; the embedding's and head's the flat
+    plans' (`flat_work`) where known."""
+    c = candidate
+    key = _units_key(c)
+    if key is None or key not in units:
+        return None
+    mine = RECOMPUTE.index(c.recompute)
+    known = [u for r, u in units[key].items() if RECOMPUTE.index(r) <= mine]
+    if not known:
+        return None
+    f, b = min(u.forward for u in known), min(u.backward for u in known)
+    source = min(known, key=lambda u: u.forward + u.backward).label
+    flat_units = (c.microbatches or 1) / c.mesh.pp  # one micro-batch -> a flat rank's share
+    edges = flat.get(c.mesh.tp, FlatWork(0.0, 0.0))
+    lay = layers * (f + b) * flat_units
+    work = FlatWork(lay + edges.first + edges.last, lay, edges.first, edges.last,
+                    layers * f * flat_units, layers * b * flat_units)  # fmt: skip
+    bound = step_bound(c, {c.mesh.tp: work}, layers)
+    assert bound is not None
+    return bound, f"its layers at the units of {source} take"
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """The fewest parameter elements a pipeline's first stage holds besides its layers (the
+    embedding: the parameters the modules before the layers read) and per layer (`tail_floor`)."""
+
+    first: int
+    layer: int
+
+
+def stage_params(graph: Graph) -> StageParams:
+    """`StageParams` of a model: the parameters its forward ops read, by where they read
+    them (a parameter the embedding and the head share counts for the embedding's stage)."""
+    family = graph_layer_family(graph)
+    pre_modules = layer_costs(graph)[3]
+    params = {v.name: v.type.numel for v in graph.values_of_kind(ValueKind.PARAM)}
+    first: set[str] = set()
+    per: dict[int, set[str]] = {}
+    for op in graph.ops:
+        for v in op.inputs:
+            if v not in params:
+                continue
+            layer = layer_index(op.scope, family)
+            if layer is not None:
+                per.setdefault(layer, set()).add(v)
+            elif module_of(op.scope, family) in pre_modules:
+                first.add(v)
+    least = min((sum(params[v] for v in names) for names in per.values()), default=0)
+    return StageParams(sum(params[v] for v in first), least)
+
+
+@functools.lru_cache(maxsize=4096)
+def tail_floor(candidate: Candidate, cluster: Cluster, params: StageParams) -> float:
+    """The least seconds the first stage's tail takes once its units have ended, on a
+    pipelined candidate whose gradient reductions wait for the tail (`SAME_UNITS`): one
+    reduce-scatter over its data-parallel ranks of the float32 gradients (AdamW keeps a
+    16-bit parameter's so, Megatron-LM's `main_grad`) of the fewest parameters it holds, the
+    embedding's and one layer's per chunk, each at least 1/tp of it on a rank. The first
+    stage ends its units last (the last micro-batch's backward ends there), so every bound
+    on the stages' units bounds when this tail starts."""
+    c = candidate
+    if c.mesh.pp == 1 or c.mesh.dp == 1 or c.dp_recipe not in SAME_UNITS:
+        return 0.0
+    stage = c.strategy().mesh.submesh(PIPELINE_AXIS, 0)
+    group = stage.group_of(stage.ranks[0], "dp")
+    elements = params.first + (c.virtual_stages or 1) * params.layer
+    return collective_time("reduce_scatter", 4.0 * elements / c.mesh.tp, group, cluster)
 
 
 #: The recipes whose pipelined units are the same (their reductions wait for the tail).

@@ -8,7 +8,7 @@ schedule that cannot run) is kept with the planner's message as its reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +34,15 @@ class Evaluation:
     mfu: float | None = None
     #: step-time terms for "why this one": compute (of which the optimizer's), comm, exposed
     #: comm (of which on the tensor-parallel axis, `exposed_tp_s`); the repeated layers' share
-    #: (`layers_s`, `layer_work`) and the modules before and after them (`first_s`,
+    #: (`layers_s`, `layer_work`; their forward's and backward's compute,
+    #: `layers_forward_s` and `layers_backward_s`: `layer_compute`) and the modules
+    #: before and after them (`first_s`,
     #: `last_s`: `edge_work`);
     #: a pipeline's bubble fraction and when its last stage ends its forward and backward
     #: units (`stages_end_s`: the step before the stages' tails, `bound.sibling_work`), when
     #: the first stage's tail starts and the least its gradient reductions take there
-    #: (`first_tail_at_s`, `first_reduce_s`: `StageCost.reduce_floor_s`)
+    #: (`first_tail_at_s`, `first_reduce_s`: `StageCost.reduce_floor_s`), and one layer's
+    #: forward and backward unit of one micro-batch (`layer_units`)
     terms: dict[str, float] = field(default_factory=dict)
     comm_bytes_per_rank: float = 0.0
     error: str | None = None
@@ -99,6 +102,14 @@ def layer_work(events: Iterable[Event]) -> float:
     return exposed_tp_comm(inside) + sum(e.duration for e in inside if not e.is_comm)
 
 
+def layer_compute(events: Iterable[Event], role: OpRole) -> float:
+    """Seconds of the repeated layers' compute of one role: the forward's, or the
+    backward's (recomputed forward ops included), which a pipeline stage's forward or
+    backward unit pays for each layer it has (`bound.one_f_one_b`)."""
+    return sum(e.duration for e in events
+               if not e.is_comm and e.role == role and _in_layers(e.scope))  # fmt: skip
+
+
 def edge_work(events: Iterable[Event], program: DistProgram) -> tuple[float, float]:
     """Seconds of the forward and backward work outside the repeated layers (compute and
     exposed tensor-parallel collectives): in the modules before them (the embedding) and
@@ -118,6 +129,20 @@ def edge_work(events: Iterable[Event], program: DistProgram) -> tuple[float, flo
         else:
             last += seconds
     return first, last
+
+
+def layer_units(
+    unit_s: Mapping[tuple[int, str], float], chunks: Sequence[tuple[int, int]]
+) -> dict[str, float]:
+    """One layer's forward and backward unit of one micro-batch (`layer_forward_s`,
+    `layer_backward_s`): the least over the chunks between the first (the embedding's) and
+    the last (the head's) of a unit's seconds per layer; none with two chunks or fewer."""
+    middle = range(1, len(chunks) - 1)
+    if not middle:
+        return {}
+    per = {phase: min(unit_s.get((c, phase), 0.0) / (chunks[c][1] - chunks[c][0])
+                      for c in middle) for phase in ("F", "B")}  # fmt: skip
+    return {"layer_forward_s": per["F"], "layer_backward_s": per["B"]}
 
 
 def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: float) -> Evaluation:
@@ -142,6 +167,8 @@ def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: flo
         events = cost.timeline.events_of(0)
         out.terms["exposed_tp_s"] = exposed_tp_comm(events)
         out.terms["layers_s"] = layer_work(events)
+        out.terms["layers_forward_s"] = layer_compute(events, OpRole.FORWARD)
+        out.terms["layers_backward_s"] = layer_compute(events, OpRole.BACKWARD)
         out.terms["first_s"], out.terms["last_s"] = edge_work(events, plan.program)
     else:
         first = cost.stages[0]
@@ -149,6 +176,8 @@ def evaluate(candidate: Candidate, model: Graph, cluster: Cluster, headroom: flo
                      "stages_end_s": max(s.end_s for s in cost.stages),
                      "first_tail_at_s": first.tail_start_s,
                      "first_reduce_s": first.reduce_floor_s}  # fmt: skip
+        assert plan.pipeline is not None
+        out.terms.update(layer_units(cost.unit_s, plan.pipeline.assignment.chunks))
     out.step_time_s = cost.step_time
     out.peak_memory_bytes = cost.peak_memory_bytes
     out.mfu = cost.mfu

@@ -37,6 +37,7 @@ from typing import Protocol
 from shardlab.search.bound import (
     MEMORY_SLACK,
     FlatWork,
+    LayerUnits,
     SiblingWork,
     bounds_sibling,
     cannot_win,
@@ -49,6 +50,8 @@ from shardlab.search.bound import (
     sibling_bound,
     sibling_work,
     step_bound,
+    unit_work,
+    units_bound,
 )
 from shardlab.search.evaluate import Evaluation
 from shardlab.search.screen import least_memory, least_step, screened_at, screens
@@ -82,11 +85,15 @@ class _Waiting:
 
 @dataclass(frozen=True)
 class Work:
-    """What the bounds stand on so far: the flat plans' work per tensor-parallel degree and
-    the pipelined siblings' stages (`bound.flat_work`, `bound.sibling_work`)."""
+    """What the bounds stand on so far: the flat plans' work per tensor-parallel degree, the
+    pipelined siblings' stages and the layer units of pipelines of each micro-batch
+    (`bound.flat_work`, `bound.sibling_work`, `bound.unit_work`)."""
 
     flat: dict[int, FlatWork]
     siblings: dict[tuple[object, ...], SiblingWork]
+    units: dict[tuple[object, ...], dict[str, LayerUnits]]
+    #: the least a pipelined candidate's first stage's tail takes (`bound.tail_floor`)
+    tail: Callable[[Candidate], float] = lambda c: 0.0
 
 
 @dataclass
@@ -108,10 +115,12 @@ def walk(
     width: int,
     report: Progress,
     references: Sequence[Candidate] = (),
+    tail: Callable[[Candidate], float] = lambda c: 0.0,
 ) -> Walk:
     """Plan `candidates` (and the leaner recipes memory asks for), `width` at a time;
     `references`: flat candidates (screened where they can be) planned only for the
-    pipelines' bound (`bound.flat_work`), kept out of the results."""
+    pipelines' bound (`bound.flat_work`), kept out of the results; `tail`: the least a
+    pipelined candidate's first stage's tail takes after its units (`bound.tail_floor`)."""
     out = Walk([], [])
     queue = [_Waiting(c) for c in candidates] + [_Waiting(c, reference=True) for c in references]
     short: list[Evaluation] = []  # planned or screened, and clearly over the memory
@@ -126,7 +135,7 @@ def walk(
 
     while queue or running:
         known = out.evaluations + out.screened + out.references
-        work = Work(flat_work(known), sibling_work(known))
+        work = Work(flat_work(known), sibling_work(known), unit_work(known), tail)
         queue.sort(key=_order(queue, work, shape.layers))
         best = _best_step(out.evaluations)
         i = 0
@@ -245,15 +254,29 @@ def _bound(q: _Waiting, work: Work, layers: int) -> tuple[float | None, str]:
         bounds.append((least_step(q.screened), f"{screened_at(q.screened)}, it takes"))
     if q.parent_step is not None:
         bounds.append((q.parent_step, f"{q.parent} takes"))
+    stages: list[tuple[float, str]] = []  # bounds on when the stages end their units
     pipeline = step_bound(q.candidate, work.flat, layers)
     if pipeline is not None:
-        bounds.append((pipeline, pipeline_basis(q.candidate, work.flat, layers)))
+        stages.append((pipeline, pipeline_basis(q.candidate, work.flat, layers)))
+    units = units_bound(q.candidate, work.units, work.flat, layers)
+    if units is not None:
+        stages.append(units)
+    tail = work.tail(q.candidate) if stages else 0.0
+    for end, basis in stages:
+        bounds.append((end + tail, _then_tail(basis) if tail > 0 else basis))
     sibling = sibling_bound(q.candidate, work.siblings)
     if sibling is not None:
         bounds.append((sibling[0], f"the stages of {sibling[1]} alone take"))
     if not bounds:
         return None, ""
     return max(bounds, key=lambda b: b[0])
+
+
+def _then_tail(basis: str) -> str:
+    """`its busiest stage takes` -> `its busiest stage, then its first stage's gradient
+    reduce-scatter, take`."""
+    subject = basis.removesuffix(" takes").removesuffix(" take")
+    return f"{subject}, then its first stage's gradient reduce-scatter, take"
 
 
 def _best_step(evaluations: list[Evaluation]) -> float | None:

@@ -5,12 +5,15 @@ than its parameter state, and no candidate needs less memory than a heavier one.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shardlab.cost.clusters import load_cluster
 from shardlab.models import build_model
 from shardlab.search.bound import (
     MEMORY_SLACK,
+    SAME_UNITS,
     FlatWork,
     bubble_factor,
     busiest_stage,
@@ -18,12 +21,17 @@ from shardlab.search.bound import (
     flat_work,
     last_stage,
     leaner_or_equal,
+    one_f_one_b,
     sibling_bound,
     sibling_work,
+    stage_params,
     state_bound,
     step_bound,
+    tail_floor,
+    unit_work,
+    units_bound,
 )
-from shardlab.search.evaluate import evaluate
+from shardlab.search.evaluate import evaluate, layer_units
 from shardlab.search.space import Limits, ModelShape, every_candidate
 
 SHAPES = {
@@ -56,10 +64,26 @@ def test_no_pipelined_candidate_beats_its_bound(name):
                     lean.candidate.label(), heavy.candidate.label())  # fmt: skip
     piped = [e for e in every if e.candidate.mesh.pp > 1 and e.error is None]
     assert len(piped) > 20
+    units, held = unit_work(planned), stage_params(model)
+    tighter = 0
     for e in piped:
-        bound = step_bound(e.candidate, work, config["layers"])
+        c = e.candidate
+        # the first stage ends its units last, and its tail reduces at least the embedding's
+        # and a layer per chunk's float32 gradients
+        tail = tail_floor(c, cluster, held)
+        if c.dp_recipe in SAME_UNITS and c.mesh.dp > 1:
+            assert 0 < tail <= e.terms["first_reduce_s"] * (1 + 1e-9), c.label()
+        else:
+            assert tail == 0
+        bound = step_bound(c, work, config["layers"])
         assert bound is not None
-        assert e.step_time_s >= bound, e.candidate.label()
+        assert e.step_time_s >= bound + tail, c.label()
+        by_units = units_bound(c, units, work, config["layers"])
+        if by_units is not None:
+            assert e.step_time_s >= by_units[0] + tail, (c.label(), by_units)
+            tighter += by_units[0] > bound
+    # layer units of the same micro-batch bound some pipelines better than the flat plans do
+    assert tighter > 0
     # no pipelined candidate steps faster than its siblings' stages (dp, ZeRO-1 and ZeRO-2
     # share their units exactly; FSDP's are longer)
     siblings = sibling_work(planned)
@@ -98,6 +122,33 @@ def test_the_bubble_factor_of_each_schedule():
     # the busiest of 4 stages holds 2 of 5 layers: 2 x 4 / 5 of the layers' work
     assert step_bound(one_f, {1: FlatWork(1.0, 0.9)}, 5) == pytest.approx(0.9 * 8 / 5)
     assert step_bound(one_f, {1: FlatWork(1.0, 0.9)}, 4) == pytest.approx(1 + 3 / 8)
+
+
+def test_a_1f1b_stage_waits_in_its_warm_up():
+    """Four stages of two layers, eight micro-batches, a layer's forward 1 s and backward
+    2 s: 1F1B takes (m + pp - 1) units of a stage, 11 x 6 s, and the bound is exact."""
+    from shardlab.search.space import Candidate, Mesh3
+
+    c = Candidate(Mesh3(4, 2, 1), "dp", False, "none", "1f1b", 8, None)
+    share = 4 / 8  # a micro-batch is half a flat rank's share of the sequences
+    work = FlatWork(48.0, 48.0, forward=8 / share, backward=16 / share)
+    assert one_f_one_b(c, work, 8) == pytest.approx(66.0)
+    # a ninth layer goes where it costs least, the first stage, which runs 4 forwards in
+    # its warm-up while the first micro-batch goes round (27 s): 27 + 3 x (7 x 2 + 4 x 1)
+    nine = replace(work, layers=54.0, forward=9 / share, backward=18 / share)
+    assert one_f_one_b(c, nine, 9) == pytest.approx(27 + 3 * (7 * 2 + 4 * 1))
+    inter = Candidate(Mesh3(4, 2, 1), "dp", False, "none", "interleaved", 8, 2)
+    assert one_f_one_b(inter, work, 8) == 0.0
+
+
+def test_layer_units_come_from_the_chunks_between_the_edges():
+    chunks = [(0, 2), (2, 5), (5, 7), (7, 8)]
+    unit_s = {(0, "F"): 9.0, (1, "F"): 3.3, (2, "F"): 2.0, (3, "F"): 9.0,
+              (0, "B"): 9.0, (1, "B"): 6.0, (2, "B"): 4.4, (3, "B"): 9.0}  # fmt: skip
+    assert layer_units(unit_s, chunks) == pytest.approx(
+        {"layer_forward_s": 1.0, "layer_backward_s": 2.0}
+    )
+    assert layer_units(unit_s, chunks[:2]) == {}
 
 
 def test_the_stages_bounds_deal_out_whole_layers_and_the_head():
