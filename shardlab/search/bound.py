@@ -39,6 +39,22 @@ the search plans first. On `pp x dp x tp` with `m` micro-batches and `v` chunks 
   backward only) and the embedding and head counted at the forwards' weight.
 - All but the last count the exposed tensor-parallel collectives with the compute: every
   micro-batch waits for its own, as a flat rank does.
+- Under FSDP every forward unit gathers its layers' matrices over dp, one collective at a
+  time on the data-parallel stream, so a layer's forward takes at least that gather
+  (`gather_floor`, `gathered`), however well the compute hides it.
+
+Pipelines of the same micro-batch run the same layers (`unit_work`): the tensor-parallel
+degree, the sequences a micro-batch gives each data-parallel rank and sequence parallelism
+fix a layer's forward and backward unit, whatever the stages, schedule and data-parallel
+recipe (`SAME_UNITS`; FSDP's gathers on top). Once one is planned, with three chunks or more
+(one between the embedding's and the head's), the bounds above stand on its units, per
+layer, as well as on the flat plans' work (`units_bound`): a micro-batch of one sequence
+runs its kernels far below a flat rank's efficiency, which the flat plans cannot show.
+
+The first stage ends its units last: the last micro-batch's backward ends there. Its tail
+then reduces its gradients over dp (`SAME_UNITS`: after the last backward), so each bound
+above is followed by one reduce-scatter of the fewest float32 gradients it can hold: the
+embedding's and one layer's per chunk (`tail_floor`).
 - Recomputation only adds work: a leaner recipe's step is at least that of the same plan
   without it, which the search has planned first.
 
@@ -403,11 +419,13 @@ def units_bound(
     units: dict[tuple[object, ...], dict[str, LayerUnits]],
     flat: dict[int, FlatWork],
     layers: int,
+    gather: float = 0.0,
 ) -> tuple[float, str] | None:
     """The least step `candidate` can have with the layer units of a candidate of its unit
     key (`unit_work`) planned before it, recomputing no more than it, and what it stands on;
-    None without one. The layers' work is theirs; the embedding's and head's the flat
-    plans' (`flat_work`) where known."""
+    None without one. The layers' work is theirs, a forward no shorter than `gather` a
+    layer (`gather_floor`); the embedding's and head's the flat plans' (`flat_work`) where
+    known."""
     c = candidate
     key = _units_key(c)
     if key is None or key not in units:
@@ -417,6 +435,7 @@ def units_bound(
     if not known:
         return None
     f, b = min(u.forward for u in known), min(u.backward for u in known)
+    f = max(f, gather)
     source = min(known, key=lambda u: u.forward + u.backward).label
     flat_units = (c.microbatches or 1) / c.mesh.pp  # one micro-batch -> a flat rank's share
     edges = flat.get(c.mesh.tp, FlatWork(0.0, 0.0))
@@ -431,10 +450,12 @@ def units_bound(
 @dataclass(frozen=True)
 class StageParams:
     """The fewest parameter elements a pipeline's first stage holds besides its layers (the
-    embedding: the parameters the modules before the layers read) and per layer (`tail_floor`)."""
+    embedding: the parameters the modules before the layers read) and per layer, and the
+    fewest bytes of one layer's matrices as stored (`Floors`)."""
 
     first: int
     layer: int
+    layer_bytes: int = 0
 
 
 def stage_params(graph: Graph) -> StageParams:
@@ -442,7 +463,7 @@ def stage_params(graph: Graph) -> StageParams:
     them (a parameter the embedding and the head share counts for the embedding's stage)."""
     family = graph_layer_family(graph)
     pre_modules = layer_costs(graph)[3]
-    params = {v.name: v.type.numel for v in graph.values_of_kind(ValueKind.PARAM)}
+    params = {v.name: v.type for v in graph.values_of_kind(ValueKind.PARAM)}
     first: set[str] = set()
     per: dict[int, set[str]] = {}
     for op in graph.ops:
@@ -454,8 +475,26 @@ def stage_params(graph: Graph) -> StageParams:
                 per.setdefault(layer, set()).add(v)
             elif module_of(op.scope, family) in pre_modules:
                 first.add(v)
-    least = min((sum(params[v] for v in names) for names in per.values()), default=0)
-    return StageParams(sum(params[v] for v in first), least)
+    least = min((sum(params[v].numel for v in names) for names in per.values()), default=0)
+    matrices = min((sum(params[v].numel * DTYPE_BYTES[params[v].dtype] for v in names
+                        if params[v].rank >= 2) for names in per.values()), default=0)  # fmt: skip
+    return StageParams(sum(params[v].numel for v in first), least, matrices)
+
+
+@dataclass(frozen=True)
+class Floors:
+    """What a pipelined candidate's own parameters force on its step, on one cluster: the
+    first stage's tail after its units (`tail`) and, under FSDP, a layer's forward unit
+    (`gather`)."""
+
+    cluster: Cluster
+    params: StageParams
+
+    def tail(self, candidate: Candidate) -> float:
+        return tail_floor(candidate, self.cluster, self.params)
+
+    def gather(self, candidate: Candidate) -> float:
+        return gather_floor(candidate, self.cluster, self.params)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -474,6 +513,35 @@ def tail_floor(candidate: Candidate, cluster: Cluster, params: StageParams) -> f
     group = stage.group_of(stage.ranks[0], "dp")
     elements = params.first + (c.virtual_stages or 1) * params.layer
     return collective_time("reduce_scatter", 4.0 * elements / c.mesh.tp, group, cluster)
+
+
+@functools.lru_cache(maxsize=4096)
+def gather_floor(candidate: Candidate, cluster: Cluster, params: StageParams) -> float:
+    """The least seconds a layer adds to a pipelined FSDP candidate's forward unit of one
+    micro-batch by its parameters alone: its matrices sharded over dp at rest are gathered
+    in every forward unit that reads them, at least 1/tp of each on a rank, on the
+    data-parallel stream, which runs one collective at a time (one gather of them all
+    takes no longer than several; the least over the stages' groups). 0 for other
+    recipes."""
+    c = candidate
+    if c.mesh.pp == 1 or c.mesh.dp == 1 or c.dp_recipe != "fsdp":
+        return 0.0
+    mesh = c.strategy().mesh
+    size = params.layer_bytes / c.mesh.tp
+    stages = (mesh.submesh(PIPELINE_AXIS, s) for s in range(c.mesh.pp))
+    return min(collective_time("all_gather", size, st.group_of(st.ranks[0], "dp"), cluster)
+               for st in stages)  # fmt: skip
+
+
+def gathered(work: FlatWork, candidate: Candidate, gather: float, layers: int) -> FlatWork:
+    """`work` (in a flat rank's shares) with the layers' forward no shorter than their
+    gathers (`gather_floor`: `gather` seconds a layer per micro-batch)."""
+    if gather <= 0:
+        return work
+    floor = layers * gather * (candidate.microbatches or 1) / candidate.mesh.pp
+    lay = max(work.layers, floor + work.backward)
+    return dataclasses.replace(work, step=work.step - work.layers + lay, layers=lay,
+                               forward=max(work.forward, floor))  # fmt: skip
 
 
 #: The recipes whose pipelined units are the same (their reductions wait for the tail).

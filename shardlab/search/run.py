@@ -36,9 +36,9 @@ from shardlab.cost.clusters import Cluster, load_cluster
 from shardlab.errors import ShardlabError
 from shardlab.ir import Graph
 from shardlab.search.bound import (
+    Floors,
     stage_params,
     state_bound,
-    tail_floor,
     too_big_reason,
     wide_params,
 )
@@ -132,10 +132,9 @@ def search(
             skipped.append(Pruned(c.label(), too_big_reason(least, usable), least))
     ray_address = ray_address or os.environ.get("SHARDLAB_RAY_ADDRESS") or None
     with _Pool(graph, cluster, headroom, workers, ray_address) as pool:
-        held = stage_params(graph)
+        floors = Floors(cluster, stage_params(graph))
         walked = walk(round_one, shape, pool, pool.workers, report,
-                      _references(round_one, space),
-                      lambda c: tail_floor(c, cluster, held))  # fmt: skip
+                      _references(round_one, space), floors)  # fmt: skip
         evaluations = walked.evaluations
         runners_up = _runners_up(walked)
         for c in runners_up:  # planned in the pool while this process refines

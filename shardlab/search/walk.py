@@ -37,12 +37,14 @@ from typing import Protocol
 from shardlab.search.bound import (
     MEMORY_SLACK,
     FlatWork,
+    Floors,
     LayerUnits,
     SiblingWork,
     bounds_sibling,
     cannot_win,
     clearly_short,
     flat_work,
+    gathered,
     heavier_reason,
     leaner_or_equal,
     leanness,
@@ -92,8 +94,8 @@ class Work:
     flat: dict[int, FlatWork]
     siblings: dict[tuple[object, ...], SiblingWork]
     units: dict[tuple[object, ...], dict[str, LayerUnits]]
-    #: the least a pipelined candidate's first stage's tail takes (`bound.tail_floor`)
-    tail: Callable[[Candidate], float] = lambda c: 0.0
+    #: what a pipelined candidate's own parameters force (`bound.Floors`)
+    floors: Floors | None = None
 
 
 @dataclass
@@ -115,12 +117,13 @@ def walk(
     width: int,
     report: Progress,
     references: Sequence[Candidate] = (),
-    tail: Callable[[Candidate], float] = lambda c: 0.0,
+    floors: Floors | None = None,
 ) -> Walk:
     """Plan `candidates` (and the leaner recipes memory asks for), `width` at a time;
     `references`: flat candidates (screened where they can be) planned only for the
-    pipelines' bound (`bound.flat_work`), kept out of the results; `tail`: the least a
-    pipelined candidate's first stage's tail takes after its units (`bound.tail_floor`)."""
+    pipelines' bound (`bound.flat_work`), kept out of the results; `floors`: what the
+    candidates' own parameters force (`bound.Floors`: the first stage's tail, FSDP's
+    gathers)."""
     out = Walk([], [])
     queue = [_Waiting(c) for c in candidates] + [_Waiting(c, reference=True) for c in references]
     short: list[Evaluation] = []  # planned or screened, and clearly over the memory
@@ -135,7 +138,7 @@ def walk(
 
     while queue or running:
         known = out.evaluations + out.screened + out.references
-        work = Work(flat_work(known), sibling_work(known), unit_work(known), tail)
+        work = Work(flat_work(known), sibling_work(known), unit_work(known), floors)
         queue.sort(key=_order(queue, work, shape.layers))
         best = _best_step(out.evaluations)
         i = 0
@@ -254,14 +257,17 @@ def _bound(q: _Waiting, work: Work, layers: int) -> tuple[float | None, str]:
         bounds.append((least_step(q.screened), f"{screened_at(q.screened)}, it takes"))
     if q.parent_step is not None:
         bounds.append((q.parent_step, f"{q.parent} takes"))
+    c, floors = q.candidate, work.floors
+    gather = floors.gather(c) if floors is not None and c.mesh.pp > 1 else 0.0
+    flat = {tp: gathered(w, c, gather, layers) for tp, w in work.flat.items()}
     stages: list[tuple[float, str]] = []  # bounds on when the stages end their units
-    pipeline = step_bound(q.candidate, work.flat, layers)
+    pipeline = step_bound(c, flat, layers)
     if pipeline is not None:
-        stages.append((pipeline, pipeline_basis(q.candidate, work.flat, layers)))
-    units = units_bound(q.candidate, work.units, work.flat, layers)
+        stages.append((pipeline, pipeline_basis(c, flat, layers)))
+    units = units_bound(c, work.units, work.flat, layers, gather)
     if units is not None:
         stages.append(units)
-    tail = work.tail(q.candidate) if stages else 0.0
+    tail = floors.tail(c) if floors is not None and stages else 0.0
     for end, basis in stages:
         bounds.append((end + tail, _then_tail(basis) if tail > 0 else basis))
     sibling = sibling_bound(q.candidate, work.siblings)

@@ -19,6 +19,8 @@ from shardlab.search.bound import (
     busiest_stage,
     cannot_win,
     flat_work,
+    gather_floor,
+    gathered,
     last_stage,
     leaner_or_equal,
     one_f_one_b,
@@ -75,10 +77,16 @@ def test_no_pipelined_candidate_beats_its_bound(name):
             assert 0 < tail <= e.terms["first_reduce_s"] * (1 + 1e-9), c.label()
         else:
             assert tail == 0
-        bound = step_bound(c, work, config["layers"])
+        # under FSDP every forward unit gathers its layers' matrices over dp
+        gather = gather_floor(c, cluster, held)
+        assert (gather > 0) == (c.dp_recipe == "fsdp" and c.mesh.dp > 1), c.label()
+        if "layer_forward_s" in e.terms:
+            assert gather <= e.terms["layer_forward_s"], c.label()
+        flat = {tp: gathered(w, c, gather, config["layers"]) for tp, w in work.items()}
+        bound = step_bound(c, flat, config["layers"])
         assert bound is not None
         assert e.step_time_s >= bound + tail, c.label()
-        by_units = units_bound(c, units, work, config["layers"])
+        by_units = units_bound(c, units, work, config["layers"], gather)
         if by_units is not None:
             assert e.step_time_s >= by_units[0] + tail, (c.label(), by_units)
             tighter += by_units[0] > bound
@@ -176,3 +184,29 @@ def test_the_stages_bounds_deal_out_whole_layers_and_the_head():
     # one stage cannot hold fewer than its chunks' layers: 2 stages x 2 chunks of 4 layers
     two = Candidate(Mesh3(2, 1, 4), None, True, "none", "interleaved", 4, 2)
     assert busiest_stage(two, FlatWork(1.0, 0.4, 0.0, 0.5), 4) == pytest.approx(2 * (0.2 + 0.5))
+
+
+def test_fsdp_gathers_bound_a_pipelined_layer_at_full_size():
+    """The 30B GPT of the search benchmark on 384 GPUs, pp=6 x dp=16 x tp=4 under FSDP:
+    every forward unit gathers its layers' 308 MB of 16-bit matrices (per tp rank) over
+    16 ranks, two on each of 8 nodes: at least 3.8 ms a layer, above the 2.5 ms a layer's
+    forward takes in dp's units, which the bound stood on alone."""
+    from shardlab.search.space import Candidate, Mesh3
+
+    gpt = {"hidden": 7168, "heads": 56, "layers": 48, "ffn": 28672, "vocab": 131072,
+           "seq": 4096, "dropout": 0.0, "batch": 192}  # fmt: skip
+    model, cluster = build_model("gpt", gpt), load_cluster("h100-sxm-48x8")
+    held = stage_params(model)
+    assert held.layer_bytes == 2 * (4 * 7168 * 7168 + 2 * 7168 * 28672)
+    fsdp = Candidate(Mesh3(6, 16, 4), "fsdp", True, "none", "interleaved", 12, 2)
+    dp = replace(fsdp, dp_recipe="dp")
+    gather = gather_floor(fsdp, cluster, held)
+    assert gather_floor(dp, cluster, held) == 0.0
+    assert 3.5e-3 < gather < 4.5e-3
+    planned = evaluate(fsdp, model, cluster, 0.1)
+    assert planned.terms["layer_forward_s"] >= gather
+    units = unit_work([evaluate(dp, model, cluster, 0.1)])
+    plain = units_bound(fsdp, units, {}, 48)
+    lifted = units_bound(fsdp, units, {}, 48, gather)
+    assert plain is not None and lifted is not None
+    assert plain[0] * 1.15 < lifted[0] <= planned.step_time_s
