@@ -26,6 +26,7 @@ on a Ray cluster (`ray_address`, `ray_pool`).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -133,15 +134,16 @@ def search(
     ray_address = ray_address or os.environ.get("SHARDLAB_RAY_ADDRESS") or None
     with _Pool(graph, cluster, headroom, workers, ray_address) as pool:
         floors = Floors(cluster, stage_params(graph))
+        # with worker processes, this one refines while they plan the pipelines
+        refining = _Refining(graph, cluster, headroom) if refine_ops else None
+        early = refining.start if refining is not None and pool.workers > 1 else None
         walked = walk(round_one, shape, pool, pool.workers, report,
-                      _references(round_one, space), floors)  # fmt: skip
+                      _references(round_one, space), floors, early)  # fmt: skip
         evaluations = walked.evaluations
         runners_up = _runners_up(walked)
         for c in runners_up:  # planned in the pool while this process refines
             pool.submit(c)
-        refinement = None
-        if refine_ops:
-            refinement = _refine(walked, graph, cluster, headroom, report)
+        refinement = refining.finish(walked, report) if refining is not None else None
         confirmed = [pool.next_done() for _ in runners_up]
     evaluations += confirmed
     if refinement is not None:
@@ -212,6 +214,41 @@ def _refine(
     if refinement.evaluation is not None:
         planned.append(refinement.evaluation)
     return _Refined(refinement, planned)
+
+
+class _Refining:
+    """The per-op refinement (`_refine`), in a thread of this process from the moment the
+    walk has planned every candidate without stages (`walk`'s `flat_done`: the plans it
+    stands on are all made then, and only pipelines follow, planned by the worker
+    processes), or after the walk where it was not started."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, headroom: float) -> None:
+        self.args = (graph, cluster, headroom)
+        self.thread: threading.Thread | None = None
+        self.result: _Refined | None = None
+        self.error: BaseException | None = None
+
+    def start(self, flat: Walk) -> None:
+        snapshot = Walk(list(flat.evaluations), [], list(flat.screened))
+        self.thread = threading.Thread(target=self._run, args=(snapshot,), daemon=True)
+        self.thread.start()
+
+    def _run(self, walked: Walk) -> None:
+        try:  # progress is reported from the walk's thread only
+            self.result = _refine(walked, *self.args, lambda fraction, message: None)
+        except BaseException as exc:  # raised again in the search's thread
+            self.error = exc
+
+    def finish(self, walked: Walk, report: Progress) -> _Refined:
+        """The refinement, waited for (or made now, with `walked`, where not started)."""
+        if self.thread is None:
+            return _refine(walked, *self.args, report)
+        report(0.96, "per-op refinement")
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 def _references(candidates: list[Candidate], space: Space) -> list[Candidate]:

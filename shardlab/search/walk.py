@@ -11,8 +11,11 @@ the least step bound. A candidate is skipped, with one line saying why,
 - when a leaner candidate was clearly over the memory (`bound.leaner_or_equal`,
   `bound.clearly_short`): its own next recomputation is queued instead;
 - when its step bound cannot beat the best plan so far (`bound.cannot_win`): the flat
-  plans' work with the pipeline's bubble, or the stages of a pipelined sibling planned
-  before it (`bound.sibling_bound`: the same units with another data-parallel recipe).
+  plans' work with the pipeline's bubble, its busiest stage and its warm-up, or the same
+  with the layer units of a pipeline of its micro-batch planned before it
+  (`bound.units_bound`), each then its first stage's gradient reduce-scatter
+  (`bound.Floors`); or the stages of a pipelined sibling planned before it
+  (`bound.sibling_bound`: the same units with another data-parallel recipe).
 
 A candidate waits while a leaner one of its group is being planned, and a pipeline while a
 mesh without one is. A planned candidate that does not fit queues its next recomputation
@@ -118,12 +121,14 @@ def walk(
     report: Progress,
     references: Sequence[Candidate] = (),
     floors: Floors | None = None,
+    flat_done: Callable[[Walk], None] | None = None,
 ) -> Walk:
     """Plan `candidates` (and the leaner recipes memory asks for), `width` at a time;
     `references`: flat candidates (screened where they can be) planned only for the
     pipelines' bound (`bound.flat_work`), kept out of the results; `floors`: what the
     candidates' own parameters force (`bound.Floors`: the first stage's tail, FSDP's
-    gathers)."""
+    gathers); `flat_done`: called once with the walk so far when every candidate without
+    pipeline stages is planned (none is queued after: pipelines wait for them)."""
     out = Walk([], [])
     queue = [_Waiting(c) for c in candidates] + [_Waiting(c, reference=True) for c in references]
     short: list[Evaluation] = []  # planned or screened, and clearly over the memory
@@ -137,6 +142,9 @@ def walk(
                 queue.append(_Waiting(x, parent_step, parent))
 
     while queue or running:
+        if flat_done is not None and not _flat_left(queue, running):
+            flat_done(out)
+            flat_done = None
         known = out.evaluations + out.screened + out.references
         work = Work(flat_work(known), sibling_work(known), unit_work(known), floors)
         queue.sort(key=_order(queue, work, shape.layers))
@@ -190,7 +198,14 @@ def walk(
             short.append(e)
         if e.error is None and not e.fits:
             queue_leaner(e.candidate, e.step_time_s, e.candidate.label())
+    if flat_done is not None:
+        flat_done(out)
     return out
+
+
+def _flat_left(queue: list[_Waiting], running: dict[Candidate, _Waiting]) -> bool:
+    """Whether a candidate without pipeline stages is queued or being planned."""
+    return any(c.mesh.pp == 1 for c in running) or any(q.candidate.mesh.pp == 1 for q in queue)
 
 
 def _progress_line(out: Walk, total: int, waiting: int) -> str:

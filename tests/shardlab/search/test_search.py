@@ -103,3 +103,20 @@ def test_cli_search_json_and_text():
     assert "Pareto front" in text.output and "winner:" in text.output
     bad = runner.invoke(app, ["search", "llama3-8b", "--cluster", "h100-sxm-1x4", "--gpus", "9"])
     assert bad.exit_code == 1 and "--gpus must be 1 to 4" in bad.output
+
+
+def test_worker_processes_leave_the_refinement_to_a_thread_that_finds_the_same():
+    """With worker processes, the per-op refinement runs beside the pipelines' plans, from
+    the moment the flat plans it stands on are all made: the same base and refined plan as
+    one process refining after the walk."""
+    options = {"overrides": TINY, "global_batch": 8, "gpus": 4}
+    one = search("llama3-8b", "h100-sxm-1x8", workers=1, **options)
+    two = search("llama3-8b", "h100-sxm-1x8", workers=2, **options)
+    assert one.refinement is not None and two.refinement is not None
+    assert two.refinement.base.candidate == one.refinement.base.candidate
+    assert one.refinement.evaluation is not None and two.refinement.evaluation is not None
+    assert two.refinement.evaluation.step_time_s == pytest.approx(
+        one.refinement.evaluation.step_time_s
+    )
+    assert two.winner is not None and one.winner is not None
+    assert two.winner.step_time_s == pytest.approx(one.winner.step_time_s)
