@@ -362,7 +362,9 @@ def _tied_reduces(
 #: Simulated units kept per worker process, by their content (`_Alike`): the stages of a
 #: plan, its schedules and its sibling recipes (dp, ZeRO-1, ZeRO-2 run the same units) meet
 #: the same units again and again.
-UNITS = Reuse[tuple[float, tuple[Event, ...], list[DistOp]]]("pipeline units", 512)
+#: An entry keeps the unit's op names and scopes, not its ops (they would keep each
+#: plan's programs alive).
+UNITS = Reuse[tuple[float, tuple[Event, ...], tuple[tuple[str, str], ...]]]("pipeline units", 2048)
 
 
 class _Alike:
@@ -388,16 +390,17 @@ class _Alike:
             timeline = _fragment_timeline(program, indices, mesh, cluster, table)
             return timeline.step_time, tuple(timeline.events[min(timeline.events)]), None
 
-        def simulate_unit() -> tuple[float, tuple[Event, ...], list[DistOp]]:
+        names = tuple((op.name, op.scope) for op in ops)
+
+        def simulate_unit() -> tuple[float, tuple[Event, ...], tuple[tuple[str, str], ...]]:
             timeline = _fragment_timeline(program, indices, mesh, cluster, table)
-            return timeline.step_time, tuple(timeline.events[min(timeline.events)]), ops
+            return timeline.step_time, tuple(timeline.events[min(timeline.events)]), names
 
         seconds, events, twin = UNITS.get((key, mesh.axis_names, mesh.shape, cluster, table),
                                           simulate_unit)  # fmt: skip
-        if twin is ops or all(a.name == b.name and a.scope == b.scope
-                              for a, b in zip(twin, ops, strict=True)):  # fmt: skip
+        if twin == names:
             return seconds, events, key
-        name = {a.name: b for a, b in zip(twin, ops, strict=True)}
+        name = {a[0]: b for a, b in zip(twin, ops, strict=True)}
         return (
             seconds,
             tuple(replace(e, name=name[e.name].name, scope=name[e.name].scope) for e in events),
