@@ -36,14 +36,9 @@ from typing import Any
 from shardlab.cost.clusters import Cluster, load_cluster
 from shardlab.errors import ShardlabError
 from shardlab.ir import Graph
-from shardlab.search.bound import (
-    Floors,
-    stage_params,
-    state_bound,
-    too_big_reason,
-    wide_params,
-)
+from shardlab.search.bound import state_bound, too_big_reason, wide_params
 from shardlab.search.evaluate import Evaluation, evaluate
+from shardlab.search.floors import Floors, stage_params
 from shardlab.search.refine import Refinement, refine
 from shardlab.search.results import SearchResult, rank
 from shardlab.search.screen import Screener, least_memory, screening_report

@@ -14,7 +14,7 @@ the least step bound. A candidate is skipped, with one line saying why,
   plans' work with the pipeline's bubble, its busiest stage and its warm-up, or the same
   with the layer units of a pipeline of its micro-batch planned before it
   (`bound.units_bound`), each then its first stage's gradient reduce-scatter
-  (`bound.Floors`); or the stages of a pipelined sibling planned before it
+  (`floors.Floors`); or the stages of a pipelined sibling planned before it
   (`bound.sibling_bound`: the same units with another data-parallel recipe).
 
 A candidate waits while a leaner one of its group is being planned, and a pipeline while a
@@ -40,14 +40,12 @@ from typing import Protocol
 from shardlab.search.bound import (
     MEMORY_SLACK,
     FlatWork,
-    Floors,
     LayerUnits,
     SiblingWork,
     bounds_sibling,
     cannot_win,
     clearly_short,
     flat_work,
-    gathered,
     heavier_reason,
     leaner_or_equal,
     leanness,
@@ -59,6 +57,7 @@ from shardlab.search.bound import (
     units_bound,
 )
 from shardlab.search.evaluate import Evaluation
+from shardlab.search.floors import Floors, gathered
 from shardlab.search.screen import least_memory, least_step, screened_at, screens
 from shardlab.search.space import GATHERING, RECOMPUTE, Candidate, ModelShape, Pruned, leaner
 
@@ -97,7 +96,7 @@ class Work:
     flat: dict[int, FlatWork]
     siblings: dict[tuple[object, ...], SiblingWork]
     units: dict[tuple[object, ...], dict[str, LayerUnits]]
-    #: what a pipelined candidate's own parameters force (`bound.Floors`)
+    #: what a pipelined candidate's own parameters force (`floors.Floors`)
     floors: Floors | None = None
 
 
@@ -126,7 +125,7 @@ def walk(
     """Plan `candidates` (and the leaner recipes memory asks for), `width` at a time;
     `references`: flat candidates (screened where they can be) planned only for the
     pipelines' bound (`bound.flat_work`), kept out of the results; `floors`: what the
-    candidates' own parameters force (`bound.Floors`: the first stage's tail, FSDP's
+    candidates' own parameters force (`floors.Floors`: the first stage's tail, FSDP's
     gathers); `flat_done`: called once with the walk so far when every candidate without
     pipeline stages is planned (none is queued after: pipelines wait for them)."""
     out = Walk([], [])

@@ -19,21 +19,18 @@ from shardlab.search.bound import (
     busiest_stage,
     cannot_win,
     flat_work,
-    gather_floor,
-    gathered,
     last_stage,
     leaner_or_equal,
     one_f_one_b,
     sibling_bound,
     sibling_work,
-    stage_params,
     state_bound,
     step_bound,
-    tail_floor,
     unit_work,
     units_bound,
 )
 from shardlab.search.evaluate import evaluate, layer_units
+from shardlab.search.floors import gather_floor, gathered, stage_params, tail_floor
 from shardlab.search.space import Limits, ModelShape, every_candidate
 
 SHAPES = {
