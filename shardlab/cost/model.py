@@ -161,7 +161,13 @@ def _roles(mesh: Mesh, devices_per_node: int) -> tuple[tuple[int, Hashable], ...
 
 def distinct_roles(mesh: Mesh, devices_per_node: int) -> int:
     """How many roles the ranks of `mesh` have on nodes of `devices_per_node` devices."""
-    return len({role for _, role in _roles(mesh, devices_per_node)})
+    return len(roles_of(mesh, devices_per_node))
+
+
+@functools.lru_cache(maxsize=256)
+def roles_of(mesh: Mesh, devices_per_node: int) -> frozenset[Hashable]:
+    """The roles the ranks of `mesh` have on nodes of `devices_per_node` devices."""
+    return frozenset(role for _, role in _roles(mesh, devices_per_node))
 
 
 #: How one group spreads over nodes: sorted (ranks on a node, nodes holding that many).

@@ -33,7 +33,6 @@ pipeline axis) and the stage assignment, and:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,7 +44,7 @@ from shardlab.cost.compute import (
     CalibrationTable,
     program_op_times,
 )
-from shardlab.cost.model import StepFigures, role_of_ranks, training_facts
+from shardlab.cost.model import StepFigures, role_of_ranks, roles_of, training_facts
 from shardlab.cost.pipeline_layout import StageSlots, schedule_step
 from shardlab.cost.pipeline_memory import StageMemory, stage_memory
 from shardlab.cost.timeline import Event, Timeline, simulate
@@ -432,13 +431,7 @@ def _shape_key(
             tuple([(types[v], specs[v].placements) for v in op.inputs + op.outputs]),
             tuple([position.get(d, -1) for d in op.deps]) if op.deps else (),
         ))  # fmt: skip
-    return hashed((_roles_of(mesh, cluster), tuple(parts)))
-
-
-@functools.lru_cache(maxsize=64)
-def _roles_of(mesh: Mesh, cluster: Cluster) -> frozenset[Hashable]:
-    """The roles of `mesh`'s ranks on `cluster` (`role_of_ranks`), kept: every unit asks."""
-    return frozenset(role_of_ranks(DistProgram(mesh, [], {}, {}, {}), cluster).values())
+    return hashed((roles_of(mesh, cluster.devices_per_node), tuple(parts)))
 
 
 def _tail_time(

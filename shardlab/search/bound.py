@@ -37,11 +37,13 @@ the search plans first. On `pp x dp x tp` with `m` micro-batches and `v` chunks 
   (each stage's depends only on its own layers), with the forward and backward compute of
   the flat rank's layers (`layer_compute`: no communication; recomputation adds to the
   backward only) and the embedding and head counted at the forwards' weight.
-- All but the last count the exposed tensor-parallel collectives with the compute: every
-  micro-batch waits for its own, as a flat rank does.
+- All but the 1F1B stage's count the exposed tensor-parallel collectives with the compute:
+  every micro-batch waits for its own, as a flat rank does.
 - Under FSDP every forward unit gathers its layers' matrices over dp, one collective at a
   time on the data-parallel stream, so a layer's forward takes at least that gather
   (`floors.gather_floor`), however well the compute hides it.
+- Recomputation only adds work: a leaner recipe's step is at least that of the same plan
+  without it, which the search has planned first.
 
 Pipelines of the same micro-batch run the same layers (`unit_work`): the tensor-parallel
 degree, the sequences a micro-batch gives each data-parallel rank and sequence parallelism
@@ -55,8 +57,6 @@ The first stage ends its units last: the last micro-batch's backward ends there.
 then reduces its gradients over dp (`SAME_UNITS`: after the last backward), so each bound
 above is followed by one reduce-scatter of the fewest float32 gradients it can hold: the
 embedding's and one layer's per chunk (`floors.tail_floor`).
-- Recomputation only adds work: a leaner recipe's step is at least that of the same plan
-  without it, which the search has planned first.
 
 Memory is ordered, and bounded. A candidate is *leaner* than another with the same mesh and
 data-parallel recipe when it has sequence parallelism where the other has, it recomputes
@@ -184,25 +184,27 @@ def busiest_stage(candidate: Candidate, w: FlatWork, layers: int) -> float:
     last, each stage running `pp` flat ranks' shares of the sequences."""
     c = candidate
     pp, v = c.mesh.pp, c.virtual_stages or 1
-    return pp * _least_largest_share(layers, pp, v, w.layers / max(layers, 1), w.first, w.last)
+    extra = (w.first, *[0.0] * (pp - 2), w.last)
+    return pp * _least_largest((w.layers / max(layers, 1),) * pp, extra, v, layers)
 
 
 @functools.lru_cache(maxsize=4096)
-def _least_largest_share(
-    layers: int, pp: int, v: int, layer: float, first: float, last: float
+def _least_largest(
+    per_layer: tuple[float, ...], extra: tuple[float, ...], least: int, layers: int
 ) -> float:
-    """The least largest work of `pp` stages sharing `layers` whole layers of `layer`
-    seconds, at least `v` each, the first with `first` on top and the last with `last`
-    (the walk asks again for every queued candidate at every step)."""
-    extra = [first, *[0.0] * (pp - 2), last]
-    if layer <= 0 or layers < pp * v:
+    """The least, over the ways to deal `layers` whole layers out to the stages (at least
+    `least` each), of the largest `n_k * per_layer[k] + extra[k]` over the stages `k`
+    (`busiest_stage`, `one_f_one_b`; the walk asks again for every queued candidate at
+    every step)."""
+    if min(per_layer) <= 0 or layers < least * len(per_layer):
         return max(extra)
 
     def holds(limit: float) -> bool:  # can every stage stay within `limit`?
-        most = [math.floor((limit - e) / layer + 1e-9) for e in extra]
-        return min(most) >= v and sum(most) >= layers
+        most = [math.floor((limit - e) / p + 1e-9) for p, e in zip(per_layer, extra, strict=True)]
+        return min(most) >= least and sum(most) >= layers
 
-    options = sorted({n * layer + e for e in set(extra) for n in range(v, layers + 1)})
+    options = sorted({n * p + e for p, e in zip(per_layer, extra, strict=True)
+                      for n in range(least, layers + 1)})  # fmt: skip
     lo, hi = 0, len(options) - 1  # the last option holds: every stage may take all layers
     while lo < hi:
         mid = (lo + hi) // 2
@@ -232,35 +234,12 @@ def one_f_one_b(candidate: Candidate, w: FlatWork, layers: int) -> float:
     if c.schedule != "1f1b" or (c.virtual_stages or 1) > 1 or pp < 2 or layers < pp:
         return 0.0
     share = pp / m  # a micro-batch holds pp/m flat ranks' shares of the sequences
-    return _least_warm_bound(layers, pp, m, w.forward * share / layers,
-                             w.backward * share / layers, w.first * share, w.last * share,
-                             (w.layers + w.first + w.last) * share)  # fmt: skip
-
-
-@functools.lru_cache(maxsize=4096)
-def _least_warm_bound(
-    layers: int, pp: int, m: int, f: float, b: float, first: float, last: float, one: float
-) -> float:
-    """The least over the splits of `layers` whole layers (one at least per stage) of the
-    largest `one + (m - 1) b_k + (m - w_k) f_k` over the stages (`one_f_one_b`), a layer
-    taking `f` forward and `b` backward, the embedding `first` and the head `last`."""
-    per_layer = [(m - 1) * b + (m - min(pp - k, m)) * f for k in range(pp)]
-    extra = [(m - min(pp - k, m)) * ((first if k == 0 else 0.0) + (last if k == pp - 1 else 0.0))
-             for k in range(pp)]  # fmt: skip
-    if min(per_layer) <= 0:
-        return one + max(extra)
-
-    def holds(limit: float) -> bool:  # can every stage stay within `limit`?
-        most = [math.floor((limit - e) / p + 1e-9) for p, e in zip(per_layer, extra, strict=True)]
-        return min(most) >= 1 and sum(most) >= layers
-
-    options = sorted({n * p + e for p, e in zip(per_layer, extra, strict=True)
-                      for n in range(1, layers + 1)})  # fmt: skip
-    lo, hi = 0, len(options) - 1  # the last option holds: every stage may take all layers
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if holds(options[mid]) else (mid + 1, hi)
-    return one + options[lo]
+    f, b = w.forward * share / layers, w.backward * share / layers
+    waits = [m - min(pp - k, m) for k in range(pp)]  # forwards left after the first backward
+    per_layer = tuple((m - 1) * b + n * f for n in waits)
+    edges = [w.first * share, *[0.0] * (pp - 2), w.last * share]
+    extra = tuple(n * e for n, e in zip(waits, edges, strict=True))
+    return (w.layers + w.first + w.last) * share + _least_largest(per_layer, extra, 1, layers)
 
 
 def cannot_win(bound: float | None, best: float | None) -> bool:

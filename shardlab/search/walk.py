@@ -273,7 +273,8 @@ def _bound(q: _Waiting, work: Work, layers: int) -> tuple[float | None, str]:
         bounds.append((q.parent_step, f"{q.parent} takes"))
     c, floors = q.candidate, work.floors
     gather = floors.gather(c) if floors is not None and c.mesh.pp > 1 else 0.0
-    flat = {tp: gathered(w, c, gather, layers) for tp, w in work.flat.items()}
+    tp = c.mesh.tp
+    flat = {tp: gathered(work.flat[tp], c, gather, layers)} if tp in work.flat else {}
     stages: list[tuple[float, str]] = []  # bounds on when the stages end their units
     pipeline = step_bound(c, flat, layers)
     if pipeline is not None:
