@@ -51,7 +51,7 @@ class StageMemory:
 
 
 #: What one stage's program holds (`_held`), kept per worker process by the stage's shape
-#: (its units' and tail's keys, `cost.pipeline_slots._Alike`) and training graph: the middle
+#: (its units' and tail's keys, `cost.pipeline_units.unit_time`) and training graph: the middle
 #: stages of a model of repeated layers, and the sibling recipes' stages, hold alike.
 HELD = Reuse[tuple[dict[str, int], tuple[int, ...], int]]("pipeline stage memory", 256)
 

@@ -35,19 +35,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shardlab.cost.clusters import Cluster, check_mesh_fits
-from shardlab.cost.comm import collective_time, step_time
+from shardlab.cost.comm import collective_time
 from shardlab.cost.compute import (
     CalibrationTable,
-    program_op_times,
 )
-from shardlab.cost.model import StepFigures, role_of_ranks, roles_of, training_facts
+from shardlab.cost.model import StepFigures, training_facts
 from shardlab.cost.pipeline_layout import StageSlots, schedule_step
 from shardlab.cost.pipeline_memory import StageMemory, stage_memory
-from shardlab.cost.timeline import Event, Timeline, simulate
+from shardlab.cost.pipeline_units import fragment_timeline, unit_time
+from shardlab.cost.timeline import Event
 from shardlab.ir import DTYPE_BYTES, Graph
 from shardlab.mesh import Mesh
 from shardlab.passes.pipeline_schedule import (
@@ -57,8 +57,7 @@ from shardlab.passes.pipeline_schedule import (
 from shardlab.passes.pipeline_split import Split
 from shardlab.passes.pipeline_stages import StageAssignment
 from shardlab.placement import Replicate, local_shape
-from shardlab.program import DistOp, DistProgram
-from shardlab.reuse import Hashed, Reuse, hashed
+from shardlab.program import DistProgram
 
 Phase = Literal["F", "B"]
 
@@ -271,10 +270,9 @@ def cost_pipeline_slots(
     times: dict[tuple[int, str], float] = {}
     unit_events: dict[tuple[int, str], tuple[Event, ...]] = {}
     unit_keys: dict[tuple[int, str], Hashable | None] = {}
-    alike = _Alike()
     for (chunk, phase), indices in units.items():
         sub = mesh.submesh(axis, assignment.stage_of_chunk(chunk))
-        times[(chunk, phase)], unit_events[(chunk, phase)], unit_keys[(chunk, phase)] = alike.unit(
+        times[(chunk, phase)], unit_events[(chunk, phase)], unit_keys[(chunk, phase)] = unit_time(
             program, sorted(indices), sub, cluster, table
         )
     p2p = _p2p_times(program, split, mesh, axis, cluster)
@@ -358,82 +356,6 @@ def _tied_reduces(
     return out
 
 
-#: Simulated units kept per worker process, by their content (`_Alike`): the stages of a
-#: plan, its schedules and its sibling recipes (dp, ZeRO-1, ZeRO-2 run the same units) meet
-#: the same units again and again.
-#: An entry keeps the unit's op names and scopes, not its ops (they would keep each
-#: plan's programs alive).
-UNITS = Reuse[tuple[float, tuple[Event, ...], tuple[tuple[str, str], ...]]]("pipeline units", 2048)
-
-
-class _Alike:
-    """Units whose ops match one already simulated, op for op (the same kinds, shapes,
-    placements, collectives and dependencies; only the layer numbers in their names differ,
-    as in the middle stages of a model of repeated layers), on ranks of the same roles in a
-    mesh of the same shape, on the same cluster and table, take its time and events,
-    renamed: each distinct unit is simulated once per worker process (`UNITS`), whichever
-    plan, schedule or sibling recipe meets it first."""
-
-    def unit(
-        self,
-        program: DistProgram,
-        indices: Sequence[int],
-        mesh: Mesh,
-        cluster: Cluster,
-        table: CalibrationTable | None,
-    ) -> tuple[float, tuple[Event, ...], Hashable | None]:
-        """The unit's seconds and events, and its key (None: not hashable, not reused)."""
-        ops = [program.ops[i] for i in indices]
-        key = _shape_key(program, ops, mesh, cluster)
-        if key is None:
-            timeline = _fragment_timeline(program, indices, mesh, cluster, table)
-            return timeline.step_time, tuple(timeline.events[min(timeline.events)]), None
-
-        names = tuple((op.name, op.scope) for op in ops)
-
-        def simulate_unit() -> tuple[float, tuple[Event, ...], tuple[tuple[str, str], ...]]:
-            timeline = _fragment_timeline(program, indices, mesh, cluster, table)
-            return timeline.step_time, tuple(timeline.events[min(timeline.events)]), names
-
-        seconds, events, twin = UNITS.get((key, mesh.axis_names, mesh.shape, cluster, table),
-                                          simulate_unit)  # fmt: skip
-        if twin == names:
-            return seconds, events, key
-        name = {a[0]: b for a, b in zip(twin, ops, strict=True)}
-        return (
-            seconds,
-            tuple(replace(e, name=name[e.name].name, scope=name[e.name].scope) for e in events),
-            key,
-        )
-
-
-#: Op attributes that name things or seed them without changing what an op costs: the value
-#: a collective moves (`value`: its layer's number differs from stage to stage) and a
-#: dropout's seed.
-NAMING_ATTRS = frozenset({"value", "seed"})
-
-
-def _shape_key(
-    program: DistProgram, ops: list[DistOp], mesh: Mesh, cluster: Cluster
-) -> Hashed | None:
-    """What a unit's time depends on, without the ops' names (None: not hashable), its
-    hash taken once (a unit's key has a part per op, and the stage memory's key holds it
-    again)."""
-    position = {op.name: i for i, op in enumerate(ops)}
-    types, specs = program.types, program.specs
-    parts = []
-    for op in ops:
-        attrs = op.attrs
-        kept = [a for a in attrs.items() if a[0] not in NAMING_ATTRS] if attrs else []
-        named = repr(sorted(kept)) if kept else ""
-        parts.append((
-            op.kind, op.stream, op.kernel, op.comm, named,
-            tuple([(types[v], specs[v].placements) for v in op.inputs + op.outputs]),
-            tuple([position.get(d, -1) for d in op.deps]) if op.deps else (),
-        ))  # fmt: skip
-    return hashed((roles_of(mesh, cluster.devices_per_node), tuple(parts)))
-
-
 def _tail_time(
     program: DistProgram,
     tail: Sequence[int],
@@ -449,8 +371,8 @@ def _tail_time(
     (Megatron-LM as in 2021) runs them after the last backward; gradient accumulation (one
     stage) overlaps the reductions with the last micro-batch's backward as Megatron-Core's
     `overlap_grad_reduce` and FSDP2 do, so its tail is what it adds to that backward.
-    With the tail's key (`_Alike`): stages alike have tails alike."""
-    alone, _, key = _Alike().unit(program, sorted(tail), mesh, cluster, table)
+    With the tail's key (`pipeline_units.unit_time`): stages alike have tails alike."""
+    alone, _, key = unit_time(program, sorted(tail), mesh, cluster, table)
     if assignment.pp > 1 or assignment.virtual_stages > 1 or not tail or not backward:
         return alone, key
     beside = _beside_backward(program, tail, backward, backward_s, mesh, cluster, table)
@@ -472,7 +394,7 @@ def _beside_backward(
     the whole tail after the last one."""
     if not extra or not backward:
         return 0.0
-    both = _fragment_timeline(program, sorted([*backward, *extra]), mesh, cluster, table)
+    both = fragment_timeline(program, sorted([*backward, *extra]), mesh, cluster, table)
     return max(0.0, both.step_time - backward_s)
 
 
@@ -496,36 +418,6 @@ def _reduce_floor(program: DistProgram, tail: Sequence[int], mesh: Mesh, cluster
     first = mesh.ranks[0]
     return max((collective_time("reduce_scatter", s, mesh.group_of(first, a), cluster)
                 for a, s in size.items()), default=0.0)  # fmt: skip
-
-
-def _fragment_timeline(
-    program: DistProgram,
-    indices: Sequence[int],
-    mesh: Mesh,
-    cluster: Cluster,
-    table: CalibrationTable | None,
-) -> Timeline:
-    """The ops `indices` of `program` run on `mesh`'s ranks on their own (dependencies on
-    ops outside them are met when they start)."""
-    if not indices:
-        first = mesh.ranks[0]
-        return Timeline(0.0, {first: []}, dict.fromkeys(mesh.ranks, first), 0.0)
-    ops = [program.ops[i] for i in indices]
-    names = {op.name for op in ops}
-    ops = [op if all(d in names for d in op.deps) else
-           replace(op, deps=tuple(d for d in op.deps if d in names)) for op in ops]  # fmt: skip
-    fragment = DistProgram(mesh, ops, program.types, program.specs, {})
-    compute = program_op_times(fragment, cluster, table)
-
-    def durations(op: DistOp, rank: int) -> float:
-        if op.comm is None:
-            return compute[op.name]
-        return step_time(op.comm, mesh.group_of(rank, op.comm.axis), cluster)
-
-    roles = role_of_ranks(fragment, cluster)
-    return simulate(
-        fragment, durations, overlap_slowdown=cluster.overlap_slowdown, role_of=roles.__getitem__
-    )
 
 
 def _p2p_times(

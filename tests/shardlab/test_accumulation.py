@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shardlab.comparison import compare
-from shardlab.cost.pipeline_slots import _fragment_timeline
+from shardlab.cost.pipeline_units import fragment_timeline
 from shardlab.models import build_model
 from shardlab.plan import build_plan, load_plan, save_plan
 from shardlab.runtime.verify import verify
@@ -71,7 +71,7 @@ def test_activations_follow_one_micro_batch_and_the_reductions_overlap_the_last_
     mesh = plan.program.mesh
     kinds = {"reduce_scatter", "adamw", "all_gather", "local_slice"}
     tail = [i for i, op in enumerate(plan.program.ops) if op.kind in kinds]
-    alone = _fragment_timeline(plan.program, tail, mesh, cost.cluster, None).step_time
+    alone = fragment_timeline(plan.program, tail, mesh, cost.cluster, None).step_time
     assert s4.tail_s < 0.7 * alone  # 14.5 ms of 23.4 ms
     assert s4.tail_s == pytest.approx(0.0145, abs=0.001)
 

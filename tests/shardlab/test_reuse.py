@@ -12,7 +12,7 @@ import pytest
 from shardlab import reuse
 from shardlab.cost.clusters import load_cluster
 from shardlab.cost.pipeline_memory import HELD
-from shardlab.cost.pipeline_slots import UNITS
+from shardlab.cost.pipeline_units import UNITS
 from shardlab.models import build_model
 from shardlab.plan import build_plan
 from shardlab.plan_pipeline import LOWERED
